@@ -24,9 +24,14 @@
  *
  * Exactly one of deliver and cancel is called for each cr_wait_begin, and after
  * it the runtime never touches the cr_wait again. cancel is called when the task
- * is cancelled (task:cancel(), shutdown) while it waits: it must stop whatever
- * would call cr_wake, synchronously. cr_wake may be called any number of times;
- * only the first one for the current wait counts (generation check).
+ * is cancelled (task:cancel(), shutdown) while it waits — possibly after cr_wake
+ * was called but before deliver ran (a grant racing a cancel: give it back if
+ * it matters). It must stop whatever would call cr_wake, synchronously, and
+ * release the wait. cr_wake may be called any number of times; only the first
+ * one for the current wait counts (generation check).
+ *
+ * Memory that a libuv handle lives in is freed only in its close callback: never
+ * embed a uv handle in a Lua userdata (its __gc may free it first).
  *
  * Callbacks (libuv, curl) never run Lua: they store results in C and cr_wake.
  */
