@@ -161,7 +161,9 @@ int cr_rt_shutdown(cr_runtime *rt) {
   if (rt->signals_on)
     for (int i = 0; i < 2; i++) uv_close((uv_handle_t *)&rt->sig[i], NULL);
   uv_close((uv_handle_t *)&rt->runner, NULL);
+  /* whatever is neither closed nor closing now belongs to nobody: a leak */
   int leaked = 0;
+  uv_walk(&rt->loop, walk_close, &leaked);
   uv_run(&rt->loop, UV_RUN_DEFAULT);
   while (uv_loop_close(&rt->loop) == UV_EBUSY) {
     uv_walk(&rt->loop, walk_close, &leaked);

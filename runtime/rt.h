@@ -15,6 +15,7 @@ struct cr_runtime {
   int driving;               /* inside cr_drive */
   int exit_requested, exit_code;
   int failed;                /* an unobserved task error was reported */
+  int deadlocked;
   int closing;
   cr_resource *resources;
   uv_signal_t sig[2];

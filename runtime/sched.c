@@ -364,6 +364,7 @@ static void report_unobserved(cr_runtime *rt) {
     rt->unobserved = t->next_unobserved;
     if (!t->observed) {
       report_error(t, "task failed and was never awaited: ");
+      t->observed = 1;
       rt->failed = 1;
     }
     task_release(t);
@@ -371,9 +372,10 @@ static void report_unobserved(cr_runtime *rt) {
 }
 
 static void report_deadlock(cr_runtime *rt) {
-  cr_logf(CR_LOG_ERROR, "%d task(s) wait for something that can never happen "
+  cr_logf(CR_LOG_ERROR, "deadlock: %d task(s) wait for something that can never happen "
           "(no timer, request or server is active); stopping", rt->live);
   rt->failed = 1;
+  rt->deadlocked = 1;
 }
 
 int cr_drive(cr_runtime *rt) {
@@ -601,9 +603,10 @@ static int l_run(lua_State *L) {
   int failed = rt->failed;
   rt->failed = 0;
   if (rt->exit_requested) { rt->exit_requested = 0; return luaL_error(L, "captcha.exit(%d) called", status); }
-  if (t->state != T_DONE) {
+  if (t->state != T_DONE || rt->deadlocked) {
+    rt->deadlocked = 0;
     cancel_task(t);
-    return luaL_error(L, "captcha.run: the main task never finished (deadlock)");
+    return luaL_error(L, "captcha.run: deadlock: the main task never finished");
   }
   if (!t->ok) {
     t->observed = 1;

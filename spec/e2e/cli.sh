@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The captcharun command: options, exit statuses, arg, stdin, tracebacks,
+# signals with a graceful handler, and a clean loop at exit.
+. "$(dirname "$0")/lib.sh"
+export CAPTCHARUN_CHECK_LEAKS=1
+
+# --help and --version exit 0 and say what they should
+"$CAPTCHARUN" --help > "$TMP/help"; expect_eq $? 0 "--help status"
+expect_grep "exit status" "$TMP/help" "--help lists exit statuses"
+expect_grep "130" "$TMP/help" "--help lists the signal status"
+"$CAPTCHARUN" -v > "$TMP/ver"; expect_eq $? 0 "-v status"
+expect_grep "^captcharun [0-9]" "$TMP/ver" "version line"
+
+# usage errors: status 2 and a one-line hint
+"$CAPTCHARUN" --bogus 2> "$TMP/err"; expect_eq $? 2 "unknown option status"
+expect_grep "Try 'captcharun --help'" "$TMP/err" "usage hint"
+"$CAPTCHARUN" 2> "$TMP/err"; expect_eq $? 2 "no script status"
+"$CAPTCHARUN" -e 2> "$TMP/err"; expect_eq $? 2 "missing -e argument"
+"$CAPTCHARUN" --log-level loud -e '' 2> "$TMP/err"; expect_eq $? 2 "bad log level"
+
+# a script with arguments, a #! line, and the arg table
+cat > "$TMP/args.lua" <<'LUA'
+#!/usr/bin/env captcharun
+local a, b = ...
+print(arg[0], arg[1], arg[2], #arg, a, b, arg[-1] ~= nil)
+LUA
+"$CAPTCHARUN" "$TMP/args.lua" x "y z" > "$TMP/out"; expect_eq $? 0 "script status"
+expect_eq "$(cat "$TMP/out")" "$(printf '%s\tx\ty z\t2\tx\ty z\ttrue' "$TMP/args.lua")" "arg table and ..."
+
+# -e runs before the script; several -e run in order
+"$CAPTCHARUN" -e 'X = 1' -e 'X = X + 1' -e 'print(X)' > "$TMP/out"; expect_eq "$(cat "$TMP/out")" "2" "-e in order"
+
+# stdin as the script
+echo 'print("from stdin", ...)' | "$CAPTCHARUN" - q > "$TMP/out"; expect_eq "$(cat "$TMP/out")" "$(printf 'from stdin\tq')" "stdin script"
+
+# a script error: status 1, message and traceback on stderr
+printf 'local function f() error("kaput") end\nf()\n' > "$TMP/err.lua"
+"$CAPTCHARUN" "$TMP/err.lua" 2> "$TMP/err"; expect_eq $? 1 "error status"
+expect_grep "err.lua:1: kaput" "$TMP/err" "error message"
+expect_grep "stack traceback" "$TMP/err" "traceback"
+expect_grep "in local 'f'" "$TMP/err" "traceback names the function"
+
+# a missing script is an error, not a crash
+"$CAPTCHARUN" "$TMP/nope.lua" 2> "$TMP/err"; expect_eq $? 1 "missing script status"
+expect_grep "cannot open" "$TMP/err" "missing script message"
+
+# the main chunk is a task: it sleeps and awaits
+"$CAPTCHARUN" -e 'local c = require "captcha"
+  local t = c.spawn(function(x) c.sleep(0.01) return x * 2 end, 21)
+  c.sleep(0.005) print(t:wait())' > "$TMP/out"; expect_eq "$(cat "$TMP/out")" "42" "main task awaits"
+
+# the process waits for every spawned task
+"$CAPTCHARUN" -e 'local c = require "captcha"
+  for i = 1, 3 do c.spawn(function() c.sleep(0.01 * i) print("t" .. i) end) end' > "$TMP/out"
+expect_eq "$(tr '\n' ' ' < "$TMP/out")" "t1 t2 t3 " "waits for spawned tasks"
+
+# an awaited error is a value; an un-awaited one fails the process with its traceback
+"$CAPTCHARUN" -e 'local c = require "captcha"
+  local t = c.spawn(function() error("caught") end)
+  local ok, err = t:wait() print(ok, err)' > "$TMP/out" 2> "$TMP/err"; expect_eq $? 0 "awaited error status"
+expect_grep "caught" "$TMP/out" "awaited error value"
+"$CAPTCHARUN" -e 'local c = require "captcha"
+  c.spawn(function() c.sleep(0.001) error("orphan") end)' 2> "$TMP/err"; expect_eq $? 1 "un-awaited error status"
+expect_grep "never awaited" "$TMP/err" "un-awaited error reported"
+expect_grep "orphan" "$TMP/err" "un-awaited error message"
+expect_grep "stack traceback" "$TMP/err" "un-awaited error traceback"
+
+# captcha.exit chooses the status and stops pending work
+"$CAPTCHARUN" -e 'local c = require "captcha"
+  c.spawn(function() c.sleep(5) print("never") end)
+  c.sleep(0.001) c.exit(5)' > "$TMP/out"; expect_eq $? 5 "captcha.exit status"
+expect_no_grep "never" "$TMP/out" "exit cancels pending tasks"
+
+# JSON log lines
+"$CAPTCHARUN" --log-format json -e 'require("captcha").log.info("hello", {n = 1})' 2> "$TMP/err"
+cat > "$TMP/readlog.lua" <<'LUA'
+local j = require("captcha").json
+for line in io.lines(arg[1]) do
+  local o = assert(j.decode(line))
+  print(o.level, o.msg, o.fields.n, type(o.ts))
+end
+LUA
+"$CAPTCHARUN" "$TMP/readlog.lua" "$TMP/err" > "$TMP/out" 2>&1
+expect_eq "$(cat "$TMP/out")" "$(printf 'info\thello\t1\tstring')" "json log line"
+"$CAPTCHARUN" --log-level error -e 'require("captcha").log.info("quiet")' 2> "$TMP/err"
+expect_no_grep "quiet" "$TMP/err" "log level filters"
+
+# signals: the first SIGINT runs the Lua handler and work drains
+cat > "$TMP/drain.lua" <<'LUA'
+local captcha = require "captcha"
+local stop = false
+captcha.on_signal(function(sig) print("handler " .. sig) io.stdout:flush() stop = true end)
+print("ready") io.stdout:flush()
+while not stop do captcha.sleep(0.01) end
+print("drained")
+LUA
+"$CAPTCHARUN" "$TMP/drain.lua" > "$TMP/out" 2>&1 &
+pid=$!
+wait_for ready "$TMP/out" && kill -INT $pid
+wait $pid; expect_eq $? 0 "graceful drain status"
+expect_grep "handler SIGINT" "$TMP/out" "signal handler ran"
+expect_grep "drained" "$TMP/out" "work finished after the signal"
+
+# a second signal exits at once with 130 (SIGINT) ...
+cat > "$TMP/stuck.lua" <<'LUA'
+local captcha = require "captcha"
+captcha.on_signal(function(sig) print("handler " .. sig) io.stdout:flush() end)
+print("ready") io.stdout:flush()
+captcha.sleep(30)
+LUA
+"$CAPTCHARUN" "$TMP/stuck.lua" > "$TMP/out" 2>&1 &
+pid=$!
+wait_for ready "$TMP/out" && kill -INT $pid
+wait_for handler "$TMP/out" && kill -INT $pid
+wait $pid; expect_eq $? 130 "second SIGINT status"
+# ... and with no handler, the first SIGTERM exits with 143
+"$CAPTCHARUN" -e 'print("ready") io.stdout:flush() require("captcha").sleep(30)' > "$TMP/out" 2>&1 &
+pid=$!
+wait_for ready "$TMP/out" && kill -TERM $pid
+wait $pid; expect_eq $? 143 "SIGTERM without handler status"
+
+# the embedding example: a C program on the public header only
+if [ -x "${CR_BUILD:-.}/embed_example" ]; then
+  "${CR_BUILD:-.}/embed_example" > "$TMP/out"; expect_eq $? 0 "embed example status"
+  expect_eq "$(cat "$TMP/out")" "embedded: 84" "embed example output"
+else
+  bad "embed_example not built"
+fi
+
+# leak check: a handle nobody closed fails the run (the check can fail)
+"$CAPTCHARUN" -e 'local c = require "captcha"; c.sleep(0.001)' 2> "$TMP/err"; expect_eq $? 0 "clean loop at exit"
+expect_no_grep "leak" "$TMP/err" "no leak reported"
+
+finish
