@@ -55,7 +55,28 @@ struct cr_task {
 typedef struct { cr_task *t; } task_handle;
 
 
-static cr_task **task_slot(lua_State *L) { return (cr_task **)lua_getextraspace(L); }
+/* Thread -> task map in the registry. Not LUA_EXTRASPACE: stock lua.c never
+ * initialises it, so threads made before the module loaded carry garbage. */
+static const char tasks_key = 't';
+
+static cr_task *task_of(lua_State *L) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &tasks_key);
+  if (!lua_istable(L, -1)) { lua_pop(L, 1); return NULL; }
+  lua_pushthread(L);
+  lua_rawget(L, -2);
+  cr_task *t = lua_touserdata(L, -1);
+  lua_pop(L, 2);
+  return t;
+}
+
+/* Map (t != NULL) or unmap the thread whose registry ref is co_ref. */
+static void set_task(lua_State *S, int co_ref, cr_task *t) {
+  lua_rawgetp(S, LUA_REGISTRYINDEX, &tasks_key);
+  lua_rawgeti(S, LUA_REGISTRYINDEX, co_ref);
+  if (t) lua_pushlightuserdata(S, t); else lua_pushnil(S);
+  lua_rawset(S, -3);
+  lua_pop(S, 1);
+}
 
 static void task_release(cr_task *t) {
   if (--t->refs > 0) return;
@@ -97,7 +118,7 @@ void cr_wake(cr_wait *w) {
 }
 
 int cr_can_wait(lua_State *L) {
-  cr_task *t = *task_slot(L);
+  cr_task *t = task_of(L);
   return t && t->co == L && t->state == T_RUNNING && lua_isyieldable(L);
 }
 
@@ -105,7 +126,7 @@ void cr_wait_begin(lua_State *L, cr_wait *w, cr_deliver_fn deliver, cr_cancel_fn
   if (!cr_can_wait(L))
     luaL_error(L, "attempt to wait outside a task (use captcha.spawn or captcha.run; "
                   "plain coroutines and metamethods cannot wait)");
-  cr_task *t = *task_slot(L);
+  cr_task *t = task_of(L);
   w->task = t;
   w->gen = ++t->gen;
   w->deliver = deliver;
@@ -136,7 +157,7 @@ static void thread_recycle(cr_runtime *rt, cr_task *t, int reset) {
 #endif
   }
   lua_settop(co, 0); /* a reset leaves the error object behind */
-  *task_slot(co) = NULL;
+  set_task(L, t->co_ref, NULL);
   if (rt->pool_n < POOL_MAX && !rt->closing) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, rt->pool_ref);
     lua_rawgeti(L, LUA_REGISTRYINDEX, t->co_ref);
@@ -315,7 +336,7 @@ static cr_task *spawn(cr_runtime *rt, lua_State *L, int nargs, int kind) {
   t->res_ref = LUA_NOREF;
   t->refs = 1;
   t->co = new_thread(rt, &t->co_ref);
-  *task_slot(t->co) = t;
+  set_task(rt->L, t->co_ref, t);
   lua_xmove(L, t->co, nargs + 1);
   t->nargs = nargs;
   t->next = rt->tasks;
@@ -402,6 +423,8 @@ void cr_sched_shutdown(cr_runtime *rt) {
 }
 
 void cr_sched_init(cr_runtime *rt) {
+  lua_newtable(rt->L);
+  lua_rawsetp(rt->L, LUA_REGISTRYINDEX, &tasks_key);
   uv_idle_init(&rt->loop, &rt->runner);
   rt->runner.data = rt;
   rt->runner_cb = runner_cb;
@@ -588,7 +611,7 @@ static int l_run(lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
   cr_runtime *rt = cr_rt_get(L);
   int nargs = lua_gettop(L) - 1;
-  if (*task_slot(L)) {
+  if (task_of(L)) {
     cr_spawn(L, nargs);
     task_handle *h = luaL_checkudata(L, -1, TASK_MT);
     join(L, h->t, 1);
