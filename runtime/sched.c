@@ -596,6 +596,15 @@ static int l_now(lua_State *L) {
   return 1;
 }
 
+/* captcha.time(): wall-clock seconds since the epoch, with microseconds (for
+ * timestamps people read; durations use captcha.now). */
+static int l_time(lua_State *L) {
+  uv_timeval64_t tv;
+  if (uv_gettimeofday(&tv) != 0) return luaL_error(L, "gettimeofday failed");
+  lua_pushnumber(L, (double)tv.tv_sec + tv.tv_usec / 1e6);
+  return 1;
+}
+
 /* In-task captcha.run resumes here with [handle, ok, results...]. */
 static int run_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status; (void)ctx;
@@ -656,7 +665,7 @@ void cr_sched_open(lua_State *L) {
   static const luaL_Reg task_m[] = {
       {"wait", task_wait}, {"cancel", task_cancel}, {"status", task_status}, {NULL, NULL}};
   static const luaL_Reg funcs[] = {
-      {"spawn", l_spawn}, {"sleep", l_sleep}, {"now", l_now}, {"run", l_run},
+      {"spawn", l_spawn}, {"sleep", l_sleep}, {"now", l_now}, {"time", l_time}, {"run", l_run},
       {"yield", l_yield}, {"tasks", l_tasks}, {NULL, NULL}};
   if (luaL_newmetatable(L, TASK_MT)) {
     luaL_newlib(L, task_m);
