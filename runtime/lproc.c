@@ -43,16 +43,16 @@ static void proc_closed(uv_handle_t *h) {
   free(p);
 }
 
-static void close_handle(proc *p, uv_handle_t *h) {
+static void close_handle(uv_handle_t *h) {
   if (!uv_is_closing(h)) uv_close(h, proc_closed);
 }
 
 static void close_all(proc *p) {
-  close_handle(p, (uv_handle_t *)&p->in);
-  close_handle(p, (uv_handle_t *)&p->out);
-  close_handle(p, (uv_handle_t *)&p->err);
-  close_handle(p, (uv_handle_t *)&p->timer);
-  close_handle(p, (uv_handle_t *)&p->proc);
+  close_handle((uv_handle_t *)&p->in);
+  close_handle((uv_handle_t *)&p->out);
+  close_handle((uv_handle_t *)&p->err);
+  close_handle((uv_handle_t *)&p->timer);
+  close_handle((uv_handle_t *)&p->proc);
 }
 
 static void maybe_done(proc *p) {
@@ -96,7 +96,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
 static void on_written(uv_write_t *req, int status) {
   (void)status; /* a child that does not read its input is its own business */
   proc *p = req->data;
-  close_handle(p, (uv_handle_t *)&p->in);
+  close_handle((uv_handle_t *)&p->in);
 }
 
 static void on_timeout(uv_timer_t *t) {
@@ -186,7 +186,7 @@ static int l_exec(lua_State *L) {
     uv_buf_t b = uv_buf_init(p->input, (unsigned)inlen);
     uv_write(&p->wreq, (uv_stream_t *)&p->in, &b, 1, on_written);
   } else {
-    close_handle(p, (uv_handle_t *)&p->in);
+    close_handle((uv_handle_t *)&p->in);
   }
   if (timeout > 0) uv_timer_start(&p->timer, on_timeout, (uint64_t)(timeout * 1000 + 0.5), 0);
   cr_wait_begin(L, &p->w, proc_deliver, proc_cancel);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The captcharun command: options, exit statuses, arg, stdin, tracebacks,
 # signals with a graceful handler, and a clean loop at exit.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/lib.bash"
 export CAPTCHARUN_CHECK_LEAKS=1
 
 # --help and --version exit 0 and say what they should

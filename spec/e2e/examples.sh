@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every example in examples/ runs to completion (against the in-process mock
 # where it needs a provider) and exits 0, within a bounded time.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/lib.bash"
 export CAPTCHARUN_CHECK_LEAKS=1
 for f in "$CR_SRC"/examples/*.lua; do
   name=$(basename "$f")
