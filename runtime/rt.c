@@ -199,6 +199,10 @@ cr_runtime *cr_rt_create(lua_State *L, int owns_L) {
   lua_newtable(L);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &sig_handlers_key);
   cr_sched_init(rt);
+  /* a peer closing a socket must be an error value, not the death of the
+   * process; a host that chose its own SIGPIPE handling keeps it */
+  struct sigaction sa;
+  if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
   return rt;
 }
 

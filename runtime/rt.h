@@ -10,6 +10,7 @@ struct cr_runtime {
   int owns_L;                /* embedded host (1) or module loaded by another host (0) */
   uv_idle_t runner;          /* resumes ready tasks outside any callback */
   cr_task *ready_head, *ready_tail;
+  cr_task *pass_head;        /* the runner's current pass, still to resume */
   cr_task *tasks;            /* every unfinished task, for cancel and deadlock reports */
   int live;                  /* unfinished tasks */
   int driving;               /* inside cr_drive */

@@ -101,9 +101,15 @@ static void enqueue(cr_task *t) {
   if (!uv_is_active((uv_handle_t *)&rt->runner)) uv_idle_start(&rt->runner, runner_cb);
 }
 
+/* Remove t from the ready queue or from the runner's current pass (a task
+ * cancelled by another task of the same pass). O(queue length): cancels are rare. */
 static void dequeue(cr_task *t) {
   cr_runtime *rt = t->rt;
-  cr_task **p = &rt->ready_head, *prev = NULL;
+  cr_task **p = &rt->pass_head;
+  while (*p && *p != t) p = &(*p)->next_ready;
+  if (*p) { *p = t->next_ready; t->next_ready = NULL; return; }
+  cr_task *prev = NULL;
+  p = &rt->ready_head;
   while (*p && *p != t) { prev = *p; p = &(*p)->next_ready; }
   if (!*p) return;
   *p = t->next_ready;
@@ -291,19 +297,20 @@ static void resume_task(cr_runtime *rt, cr_task *t) {
 static void runner_cb(uv_idle_t *h) {
   cr_runtime *rt = h->data;
   if (rt->pending_signal) cr_signals_dispatch(rt);
-  cr_task *t = rt->ready_head;
+  /* this pass: the queue as it stands; tasks woken meanwhile wait for the next */
+  rt->pass_head = rt->ready_head;
   rt->ready_head = rt->ready_tail = NULL;
-  while (t && !rt->exit_requested) {
-    cr_task *next = t->next_ready;
+  while (rt->pass_head && !rt->exit_requested) {
+    cr_task *t = rt->pass_head;
+    rt->pass_head = t->next_ready;
     t->next_ready = NULL;
     resume_task(rt, t);
-    t = next;
   }
   /* exit requested mid-pass: put the rest back, in order, for shutdown to cancel */
-  while (t) {
-    cr_task *next = t->next_ready;
+  while (rt->pass_head) {
+    cr_task *t = rt->pass_head;
+    rt->pass_head = t->next_ready;
     enqueue(t);
-    t = next;
   }
   if (!rt->ready_head || rt->exit_requested) uv_idle_stop(&rt->runner);
 }

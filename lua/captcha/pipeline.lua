@@ -595,13 +595,17 @@ function Pipeline:run()
   self.stats.kept = kept
   self:_install_hooks()
   captcha.on_signal(function(sig)
-    if self.stopping then return end
+    if self.stopping or self.finished then return end
     self.interrupted = sig
     self.stopping = { status = "interrupted", reason = "interrupted by " .. sig }
     if self.paused then self.bucket:resume() end
     captcha.log.warn("draining", { signal = sig, in_flight = self.stats.inflight, timeout = self.drain_timeout })
-    captcha.sleep(self.drain_timeout)
-    for _, w in ipairs(self.workers or {}) do w:cancel() end
+    -- in-flight tasks get drain_timeout to finish; run() cancels this timer
+    -- as soon as they all have
+    self.drain_timer = captcha.spawn(function()
+      captcha.sleep(self.drain_timeout)
+      for _, w in ipairs(self.workers) do w:cancel() end
+    end)
   end)
   local progress = self:_start_progress()
   self.workers = {}
@@ -609,6 +613,8 @@ function Pipeline:run()
     self.workers[i] = captcha.spawn(self._worker, self, i)
   end
   for _, w in ipairs(self.workers) do w:wait() end
+  self.finished = true
+  if self.drain_timer then self.drain_timer:cancel() end
   if self.stopping then self:_write_rest() end
   if progress then
     progress:cancel()
