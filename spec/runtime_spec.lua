@@ -79,6 +79,16 @@ describe("tasks", function()
     end)
   end)
 
+  it("can be cancelled by a task resumed in the same pass, before they ever run", function()
+    captcha.run(function()
+      local b
+      local a = captcha.spawn(function() return b:cancel() end)
+      b = captcha.spawn(function() error("must never run") end)
+      assert.is_true(a:wait())
+      assert.are.equal("cancelled", b:status())
+    end)
+  end)
+
   it("close to-be-closed variables when cancelled", function()
     captcha.run(function()
       local closed = false

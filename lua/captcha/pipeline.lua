@@ -514,7 +514,14 @@ function Pipeline:summary()
     skipped = s.skipped, interrupted = s.interrupted, resumed = s.resumed, dedup_hits = s.dedup_hits,
     halted = self.halted and tostring(self.halted) or nil, methods = {} }
   local cs = self.client and self.client.stats and self.client:stats() or {}
-  out.api_requests = cs.requests_total or cs.requests
+  if type(cs.requests) == "table" then
+    local n = 0
+    for _, outcomes in pairs(cs.requests) do
+      for _, c in pairs(outcomes) do n = n + c end
+    end
+    out.api_requests = n
+    out.submits, out.polls = cs.submits, cs.polls
+  end
   for method, m in pairs(s.by_method) do
     local row = { tasks = m.tasks, solved = m.solved, failed = m.failed, dedup_hits = m.dedup_hits,
                   p50 = percentile(m.times, 0.5), p95 = percentile(m.times, 0.95) }
