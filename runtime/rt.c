@@ -116,7 +116,34 @@ static int l_on_signal(lua_State *L) {
   lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
   rt->signal_handlers++;
   signals_start(rt);
-  return 0;
+  lua_settop(L, 1);
+  return 1; /* the handler, for off_signal */
+}
+
+/* captcha.off_signal(fn): forget a handler given to on_signal; true if found.
+ * A handler pins everything it refers to, so finished work removes its own. */
+static int l_off_signal(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  cr_runtime *rt = cr_rt_get(L);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &sig_handlers_key);
+  int n = (int)lua_rawlen(L, -1), found = 0;
+  for (int i = 1; i <= n; i++) {
+    lua_rawgeti(L, -1, i);
+    int same = lua_rawequal(L, -1, 1);
+    lua_pop(L, 1);
+    if (!same) continue;
+    for (int j = i; j < n; j++) {
+      lua_rawgeti(L, -1, j + 1);
+      lua_rawseti(L, -2, j);
+    }
+    lua_pushnil(L);
+    lua_rawseti(L, -2, n);
+    rt->signal_handlers--;
+    found = 1;
+    break;
+  }
+  lua_pushboolean(L, found);
+  return 1;
 }
 
 /* captcha.exit(code): stop the loop, cancel every task and exit with code. */
@@ -134,6 +161,8 @@ static int l_exit(lua_State *L) {
 void cr_signals_open(lua_State *L) {
   lua_pushcfunction(L, l_on_signal);
   lua_setfield(L, -2, "on_signal");
+  lua_pushcfunction(L, l_off_signal);
+  lua_setfield(L, -2, "off_signal");
   lua_pushcfunction(L, l_exit);
   lua_setfield(L, -2, "exit");
 }

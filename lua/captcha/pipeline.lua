@@ -601,7 +601,7 @@ function Pipeline:run()
   self.reader, self.total, self.out, self.done = reader, total, out, done
   self.stats.kept = kept
   self:_install_hooks()
-  captcha.on_signal(function(sig)
+  local on_signal = captcha.on_signal(function(sig)
     if self.stopping or self.finished then return end
     self.interrupted = sig
     self.stopping = { status = "interrupted", reason = "interrupted by " .. sig }
@@ -621,6 +621,7 @@ function Pipeline:run()
   end
   for _, w in ipairs(self.workers) do w:wait() end
   self.finished = true
+  captcha.off_signal(on_signal)
   if self.drain_timer then self.drain_timer:cancel() end
   if self.stopping then self:_write_rest() end
   if progress then
