@@ -118,6 +118,14 @@ void cr_push_redacted(lua_State *L, int idx);
 int cr_json_decode(lua_State *L, const char *s, size_t len, char *err, size_t errlen);
 int cr_json_encode(lua_State *L, int idx, luaL_Buffer *out, char *err, size_t errlen);
 
+/* A heap-allocated timer on the runtime's loop (NULL when out of memory), and
+ * its release: stop, forget data, close; the memory goes in the close callback. */
+uv_timer_t *cr_timer_new(cr_runtime *rt, void *data);
+void cr_timer_free(uv_timer_t **t);
+/* t[k] = v for the table at the top of the stack. */
+void cr_setfield_num(lua_State *L, const char *k, double v);
+void cr_setfield_int(lua_State *L, const char *k, lua_Integer v);
+
 /* Library openers, called by cr_open_module; each leaves one table/value. */
 int cr_open_json(lua_State *L);
 int cr_open_log(lua_State *L);

@@ -68,8 +68,6 @@ static void arm(lbucket *b) {
 
 static void timer_cb(uv_timer_t *t) { arm(t->data); }
 
-static void timer_closed(uv_handle_t *h) { free(h); }
-
 /* Idempotent; no Lua. Waiters wake with "closed". */
 static void bucket_close(lbucket *b) {
   if (!b->open) return;
@@ -77,12 +75,7 @@ static void bucket_close(lbucket *b) {
   cr_bucket_close(&b->core);
   resolve_ready(b, cr_now());
   cr_bucket_free(&b->core);
-  if (b->timer) {
-    uv_timer_stop(b->timer);
-    b->timer->data = NULL;
-    uv_close((uv_handle_t *)b->timer, timer_closed);
-    b->timer = NULL;
-  }
+  cr_timer_free(&b->timer);
 }
 
 /* Shutdown closes what the user did not. */
@@ -245,31 +238,21 @@ static int lcr_bucket_close(lua_State *L) {
   return 0;
 }
 
-static void set_num(lua_State *L, const char *k, double v) {
-  lua_pushnumber(L, v);
-  lua_setfield(L, -2, k);
-}
-
-static void set_int(lua_State *L, const char *k, uint64_t v) {
-  lua_pushinteger(L, (lua_Integer)v);
-  lua_setfield(L, -2, k);
-}
-
 static int lcr_bucket_stats(lua_State *L) {
   lbucket *b = check_bucket(L);
   const cr_bucket_stats *s = &b->core.stats;
   lua_createtable(L, 0, 12);
-  set_int(L, "granted", s->granted);
-  set_num(L, "granted_tokens", s->granted_tokens);
-  set_int(L, "rejected", s->rejected);
-  set_int(L, "timeouts", s->timeouts);
-  set_int(L, "queue_full", s->queue_full);
-  set_int(L, "cancelled", s->cancelled);
-  set_int(L, "waited", s->waited);
-  set_num(L, "total_wait", s->total_wait);
-  set_num(L, "max_wait", s->max_wait);
-  set_num(L, "avg_wait", s->waited ? s->total_wait / (double)s->waited : 0);
-  set_int(L, "waiting", b->core.waiting);
+  cr_setfield_int(L, "granted", (lua_Integer)s->granted);
+  cr_setfield_num(L, "granted_tokens", s->granted_tokens);
+  cr_setfield_int(L, "rejected", (lua_Integer)s->rejected);
+  cr_setfield_int(L, "timeouts", (lua_Integer)s->timeouts);
+  cr_setfield_int(L, "queue_full", (lua_Integer)s->queue_full);
+  cr_setfield_int(L, "cancelled", (lua_Integer)s->cancelled);
+  cr_setfield_int(L, "waited", (lua_Integer)s->waited);
+  cr_setfield_num(L, "total_wait", s->total_wait);
+  cr_setfield_num(L, "max_wait", s->max_wait);
+  cr_setfield_num(L, "avg_wait", s->waited ? s->total_wait / (double)s->waited : 0);
+  cr_setfield_int(L, "waiting", (lua_Integer)b->core.waiting);
   return 1;
 }
 
@@ -332,10 +315,8 @@ static int lcr_bucket_new(lua_State *L) {
   luaL_setmetatable(L, BUCKET_MT);
   b->rt = rt;
   cr_bucket_init(&b->core, cap, rate, (size_t)maxw, cr_now());
-  b->timer = malloc(sizeof *b->timer);
+  b->timer = cr_timer_new(rt, b);
   if (!b->timer) return luaL_error(L, "out of memory");
-  uv_timer_init(cr_rt_loop(rt), b->timer);
-  b->timer->data = b;
   b->res.close = res_close;
   cr_resource_add(rt, &b->res);
   b->open = 1;

@@ -206,18 +206,11 @@ static void budget_load(lbudget *b) {
 
 /* ---- closing ---- */
 
-static void timer_closed(uv_handle_t *h) { free(h); }
-
 /* Idempotent; no Lua. Saves a last time. */
 static void budget_close(lbudget *b) {
   if (!b->core) return;
   budget_save(b);
-  if (b->timer) {
-    uv_timer_stop(b->timer);
-    b->timer->data = NULL;
-    uv_close((uv_handle_t *)b->timer, timer_closed);
-    b->timer = NULL;
-  }
+  cr_timer_free(&b->timer);
   cr_budget_free(b->core);
   b->core = NULL;
   free(b->state);
@@ -246,16 +239,6 @@ static int lcr_budget_close(lua_State *L) {
 
 /* ---- reports and hooks ---- */
 
-static void set_num(lua_State *L, const char *k, double v) {
-  lua_pushnumber(L, v);
-  lua_setfield(L, -2, k);
-}
-
-static void set_int(lua_State *L, const char *k, uint64_t v) {
-  lua_pushinteger(L, (lua_Integer)v);
-  lua_setfield(L, -2, k);
-}
-
 static void push_alert_names(lua_State *L, lbudget *b, unsigned bits) {
   const cr_budget_config *c = cr_budget_get_config(b->core);
   lua_newtable(L);
@@ -273,23 +256,23 @@ static void push_report(lua_State *L, lbudget *b, const char *key, double now) {
   lua_createtable(L, 0, 18);
   lua_pushstring(L, cr_budget_status_name(r.status));
   lua_setfield(L, -2, "status");
-  set_num(L, "slo_target", r.slo_target);
-  set_num(L, "current_rate", r.current_rate);
-  set_int(L, "total_events", r.total_events);
-  set_int(L, "successes", r.successes);
-  set_int(L, "failures", r.failures);
-  set_num(L, "budget_total", r.budget_total);
-  set_num(L, "budget_remaining", r.budget_remaining);
-  set_num(L, "budget_remaining_pct", r.budget_remaining_pct);
-  set_num(L, "burn_rate", r.burn_rate);
+  cr_setfield_num(L, "slo_target", r.slo_target);
+  cr_setfield_num(L, "current_rate", r.current_rate);
+  cr_setfield_int(L, "total_events", (lua_Integer)r.total_events);
+  cr_setfield_int(L, "successes", (lua_Integer)r.successes);
+  cr_setfield_int(L, "failures", (lua_Integer)r.failures);
+  cr_setfield_num(L, "budget_total", r.budget_total);
+  cr_setfield_num(L, "budget_remaining", r.budget_remaining);
+  cr_setfield_num(L, "budget_remaining_pct", r.budget_remaining_pct);
+  cr_setfield_num(L, "burn_rate", r.burn_rate);
   lua_pushstring(L, key);
   lua_setfield(L, -2, "key");
-  set_num(L, "window", r.window);
-  if (isfinite(r.time_to_exhaustion)) set_num(L, "time_to_exhaustion", r.time_to_exhaustion);
+  cr_setfield_num(L, "window", r.window);
+  if (isfinite(r.time_to_exhaustion)) cr_setfield_num(L, "time_to_exhaustion", r.time_to_exhaustion);
   lua_pushboolean(L, r.min_events_met);
   lua_setfield(L, -2, "min_events_met");
-  if (r.expected_events) set_int(L, "expected_events", r.expected_events);
-  set_num(L, "at", now);
+  if (r.expected_events) cr_setfield_int(L, "expected_events", (lua_Integer)r.expected_events);
+  cr_setfield_num(L, "at", now);
   if (r.alerts_firing) push_alert_names(L, b, r.alerts_firing);
 }
 
@@ -302,12 +285,12 @@ static void push_alert(lua_State *L, lbudget *b, const cr_budget_transition *t) 
   lua_setfield(L, -2, "firing");
   lua_pushstring(L, t->key);
   lua_setfield(L, -2, "key");
-  set_num(L, "burn", (double)a->burn_ppb / CR_PPB);
+  cr_setfield_num(L, "burn", (double)a->burn_ppb / CR_PPB);
   if (a->long_window > 0) {
-    set_num(L, "long", a->long_window);
-    set_num(L, "short", a->short_window);
+    cr_setfield_num(L, "long", a->long_window);
+    cr_setfield_num(L, "short", a->short_window);
   }
-  if (a->consumed_ppb > 0) set_num(L, "consumed", (double)a->consumed_ppb / CR_PPB);
+  if (a->consumed_ppb > 0) cr_setfield_num(L, "consumed", (double)a->consumed_ppb / CR_PPB);
 }
 
 /* Spawn every hook registered for event; each gets its own report table. */
@@ -676,10 +659,8 @@ static void read_config(lua_State *L, cr_budget_config *c) {
 }
 
 static void start_timer(lua_State *L, lbudget *b) {
-  b->timer = malloc(sizeof *b->timer);
+  b->timer = cr_timer_new(b->rt, b);
   if (!b->timer) luaL_error(L, "out of memory");
-  uv_timer_init(cr_rt_loop(b->rt), b->timer);
-  b->timer->data = b;
   double tick = fmax(cr_budget_tick(b->core), MIN_TICK);
   if (b->state) tick = fmin(tick, fmax(b->save_every, MIN_TICK));
   /* first tick at once: a budget restored from state fires its hooks as soon

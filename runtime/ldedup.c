@@ -112,18 +112,11 @@ static void sweep_cb(uv_timer_t *t) {
   arm(d);
 }
 
-static void timer_closed(uv_handle_t *h) { free(h); }
-
 static void dedup_close(ldedup *d) {
   if (!d->open) return;
   d->open = 0;
   cr_dedup_close(&d->core);   /* wakes waiters with "closed", releases values */
-  if (d->timer) {
-    uv_timer_stop(d->timer);
-    d->timer->data = NULL;
-    uv_close((uv_handle_t *)d->timer, timer_closed);
-    d->timer = NULL;
-  }
+  cr_timer_free(&d->timer);
 }
 
 static void res_close(cr_resource *r) {
@@ -440,30 +433,25 @@ static int lcr_dedup_solve(lua_State *L) {
 
 /* ---- other methods ---- */
 
-static void set_int(lua_State *L, const char *k, uint64_t v) {
-  lua_pushinteger(L, (lua_Integer)v);
-  lua_setfield(L, -2, k);
-}
-
 static int lcr_dedup_stats(lua_State *L) {
   ldedup *d = check_dedup(L);
   const cr_dedup_stats *s = &d->core.stats;
   lua_createtable(L, 0, 12);
-  set_int(L, "total_requests", s->total_requests);
-  set_int(L, "deduplicated", s->by_source[CR_DEDUP_HIT] + s->by_source[CR_DEDUP_WAIT]);
+  cr_setfield_int(L, "total_requests", (lua_Integer)s->total_requests);
+  cr_setfield_int(L, "deduplicated", (lua_Integer)(s->by_source[CR_DEDUP_HIT] + s->by_source[CR_DEDUP_WAIT]));
   lua_pushnumber(L, cr_dedup_savings_pct(&d->core));
   lua_setfield(L, -2, "savings_pct");
   lua_createtable(L, 0, CR_DEDUP_NSOURCES);
-  for (int i = 0; i < CR_DEDUP_NSOURCES; i++) set_int(L, cr_dedup_source_name(i), s->by_source[i]);
+  for (int i = 0; i < CR_DEDUP_NSOURCES; i++) cr_setfield_int(L, cr_dedup_source_name(i), (lua_Integer)s->by_source[i]);
   lua_setfield(L, -2, "breakdown");
-  set_int(L, "errors", s->errors);
-  set_int(L, "aborted", s->aborted);
-  set_int(L, "lock_expired", s->lock_expired);
-  set_int(L, "stale_finishes", s->stale_finishes);
-  set_int(L, "evicted", s->evicted);
-  set_int(L, "expired", s->expired);
-  set_int(L, "entries", d->core.count);
-  set_int(L, "waiting", d->core.waiting);
+  cr_setfield_int(L, "errors", (lua_Integer)s->errors);
+  cr_setfield_int(L, "aborted", (lua_Integer)s->aborted);
+  cr_setfield_int(L, "lock_expired", (lua_Integer)s->lock_expired);
+  cr_setfield_int(L, "stale_finishes", (lua_Integer)s->stale_finishes);
+  cr_setfield_int(L, "evicted", (lua_Integer)s->evicted);
+  cr_setfield_int(L, "expired", (lua_Integer)s->expired);
+  cr_setfield_int(L, "entries", (lua_Integer)d->core.count);
+  cr_setfield_int(L, "waiting", (lua_Integer)d->core.waiting);
   return 1;
 }
 
@@ -527,11 +515,9 @@ static int lcr_dedup_new(lua_State *L) {
   d->rt = rt;
   d->armed = INFINITY;
   if (cr_dedup_init(&d->core, &c) != 0) return luaL_error(L, "out of memory");
-  d->timer = malloc(sizeof *d->timer);
+  d->timer = cr_timer_new(rt, d);
   if (!d->timer) { cr_dedup_close(&d->core); return luaL_error(L, "out of memory"); }
-  uv_timer_init(cr_rt_loop(rt), d->timer);
   uv_unref((uv_handle_t *)d->timer);
-  d->timer->data = d;
   d->res.close = res_close;
   cr_resource_add(rt, &d->res);
   d->open = 1;
