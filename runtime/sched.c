@@ -212,7 +212,10 @@ static void finish(cr_task *t, int st, int nres) {
   if (t->state == T_READY) dequeue(t);
   t->state = T_DONE;
   unlink_task(t);
-  if (st == LUA_OK) {
+  if (st == LUA_OK && nres == 0) {
+    t->ok = 1; /* nothing to keep: most tasks return nothing */
+    thread_recycle(rt, t, 0);
+  } else if (st == LUA_OK) {
     t->ok = 1;
     luaL_checkstack(L, nres + 2, "too many results");
     lua_createtable(L, nres, 1);
@@ -450,6 +453,7 @@ static cr_task *check_task(lua_State *L, int idx) {
 /* Push what task:wait() returns for a finished task. */
 static int push_outcome(lua_State *L, cr_task *t) {
   t->observed = 1;
+  if (t->ok && t->res_ref == LUA_NOREF) return 0;
   lua_rawgeti(L, LUA_REGISTRYINDEX, t->res_ref);
   if (t->ok) {
     int n = (int)(lua_getfield(L, -1, "n"), lua_tointeger(L, -1));
