@@ -21,6 +21,7 @@ static int log_level = CR_LOG_INFO;
 static int log_format = CR_LOG_TEXT;
 static char *secrets[MAX_SECRETS];
 static int nsecrets;
+static int status_line; /* a progress line is on the terminal: clear it first */
 static const char *level_names[] = {"debug", "info", "warn", "error", "off"};
 
 void cr_log_configure(int level, int format) {
@@ -96,7 +97,7 @@ static void emit(int level, const char *msg, const char *fields_json, const char
   }
   if (!line) return;
   cr_redact(line);
-  fprintf(stderr, "%s\n", line);
+  fprintf(stderr, "%s%s\n", status_line ? "\r\033[K" : "", line);
   fflush(stderr);
   free(line);
 }
@@ -213,6 +214,13 @@ static int l_format(lua_State *L) {
   return 1;
 }
 
+/* captcha.log.status_line(on): a progress line owns the terminal's last line;
+ * log lines clear it before they print (it is redrawn on its next tick). */
+static int l_status_line(lua_State *L) {
+  status_line = lua_toboolean(L, 1);
+  return 0;
+}
+
 /* captcha.log.secret(s): never print s (API keys); returns nothing. */
 static int l_secret(lua_State *L) {
   cr_log_add_secret(luaL_checkstring(L, 1));
@@ -229,7 +237,7 @@ static int l_redact(lua_State *L) {
 int cr_open_log(lua_State *L) {
   static const luaL_Reg f[] = {
       {"debug", l_debug}, {"info", l_info}, {"warn", l_warn}, {"error", l_error},
-      {"level", l_level}, {"format", l_format}, {"secret", l_secret}, {"redact", l_redact},
+      {"level", l_level}, {"format", l_format}, {"secret", l_secret}, {"redact", l_redact}, {"status_line", l_status_line},
       {NULL, NULL}};
   luaL_newlib(L, f);
   return 1;

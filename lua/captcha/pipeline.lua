@@ -581,6 +581,7 @@ function Pipeline:_start_progress()
   local show = self.progress
   if show == nil then show = tty and not self.quiet end
   if not show then return nil end
+  captcha.log.status_line(true)
   return captcha.spawn(function()
     while true do
       io.stderr:write("\r\27[K", self:_progress_line())
@@ -626,6 +627,7 @@ function Pipeline:run()
   if self.stopping then self:_write_rest() end
   if progress then
     progress:cancel()
+    captcha.log.status_line(false)
     io.stderr:write("\r\27[K", self:_progress_line(), "\n")
   end
   if out ~= io.stdout then out:close() else out:flush() end
