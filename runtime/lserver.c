@@ -207,12 +207,14 @@ static int req_index(lua_State *L) {
 }
 
 /* Format a {name = value} table as "Name: value\r\n" lines. Two passes (check
- * and measure, then copy into a GC-owned userdata) so that a bad header raises
- * before anything is allocated outside Lua's control. Pushes the block. */
-static const char *header_block(lua_State *L, int idx, size_t *len) {
+ * and measure, then copy) so that a bad header raises before anything is
+ * allocated outside Lua's control. The block goes to `small` (room for
+ * `cap`: the usual one or two headers, no allocation) or else to a GC-owned
+ * userdata left on the stack. */
+static const char *header_block(lua_State *L, int idx, char *small, size_t cap, size_t *len) {
   size_t total = 0;
   for (int pass = 0; pass < 2; pass++) {
-    char *out = pass ? lua_newuserdatauv(L, total ? total : 1, 0) : NULL;
+    char *out = !pass ? NULL : total <= cap ? small : lua_newuserdatauv(L, total ? total : 1, 0);
     size_t off = 0;
     lua_pushnil(L);
     while (lua_next(L, idx)) {
@@ -263,9 +265,10 @@ static int respond(lua_State *L, int drip) {
   }
   const char *h = "";
   size_t hlen = 0;
+  char small[512];
   if (!lua_isnoneornil(L, 3)) {
     luaL_checktype(L, 3, LUA_TTABLE);
-    h = header_block(L, 3, &hlen);
+    h = header_block(L, 3, small, sizeof small, &hlen);
   }
   return push_rc(L, cr_request_drip(u->r, status, h, hlen, body, blen, chunk, ms));
 }

@@ -78,7 +78,9 @@ static void set_task(lua_State *S, int co_ref, cr_task *t) {
   lua_pop(S, 1);
 }
 
-static void task_release(cr_task *t) {
+/* Not inlined: callers hold a guard reference around code that may drop
+ * another one, and gcc's -Wuse-after-free cannot see that refs stays > 0. */
+__attribute__((noinline)) static void task_release(cr_task *t) {
   if (--t->refs > 0) return;
   /* the registry outlives every finalizer, so this is safe even in lua_close */
   if (t->res_ref != LUA_NOREF) luaL_unref(t->rt->L, LUA_REGISTRYINDEX, t->res_ref);
