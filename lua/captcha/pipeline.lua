@@ -65,11 +65,11 @@ local function item_from(task, n)
   return { id = id, line = n, task = task }
 end
 
-local function jsonl_reader(fh)
+local function jsonl_reader(readline)
   local n = 0
   return function()
     while true do
-      local line = fh:read("l")
+      local line = readline()
       if not line then return nil end
       n = n + 1
       if line:find("%S") then
@@ -113,14 +113,14 @@ local function csv_split(line)
   return out
 end
 
-local function csv_reader(fh)
-  local header = fh:read("l")
+local function csv_reader(readline)
+  local header = readline()
   local names = header and csv_split(header:gsub("\r$", ""))
   local n = 1
   return function()
     if not names then return nil end
     while true do
-      local line = fh:read("l")
+      local line = readline()
       if not line then return nil end
       n = n + 1
       line = line:gsub("\r$", "")
@@ -158,26 +158,33 @@ local function open_input(input, format)
       return item_from(task, n)
     end
   end
-  local fh, err
-  if input == "-" or input == nil then fh = io.stdin
+  local fh, err, readline, total
+  if input == "-" or input == nil then
+    -- a pipe or a terminal is read without blocking the loop; a redirected
+    -- regular file is read like any file
+    local r = captcha.reader(0)
+    if r then
+      fh = r
+      readline = function() return r:line() end
+    else
+      fh = io.stdin
+    end
   else
     fh, err = io.open(input, "r")
     if not fh then return nil, err end
-  end
-  local total
-  if fh ~= io.stdin then
     total = 0
     for line in fh:lines() do if line:find("%S") then total = total + 1 end end
     fh:seek("set")
   end
+  readline = readline or function() return fh:read("l") end
   if format == nil then
     format = type(input) == "string" and input:lower():match("%.csv$") and "csv" or "jsonl"
   end
   if format == "csv" then
     if total then total = math.max(0, total - 1) end
-    return csv_reader(fh), total, fh
+    return csv_reader(readline), total, fh
   end
-  return jsonl_reader(fh), total, fh
+  return jsonl_reader(readline), total, fh
 end
 
 -- ---- output -------------------------------------------------------------
@@ -631,7 +638,7 @@ function Pipeline:run()
     io.stderr:write("\r\27[K", self:_progress_line(), "\n")
   end
   if out ~= io.stdout then out:close() else out:flush() end
-  if infh and infh ~= io.stdin then infh:close() end
+  if infh and infh ~= io.stdin then infh:close() end -- a file or a captcha.reader
   local sum = self:summary()
   sum.exit_code = self:_exit_code()
   if not self.quiet then self:_print_summary(sum) end

@@ -119,6 +119,23 @@ pid=$!
 wait_for ready "$TMP/out" && kill -TERM $pid
 wait $pid; expect_eq $? 143 "SIGTERM without handler status"
 
+# reading a slow pipe waits only the reading task: the others keep running
+cat > "$TMP/reader.lua" <<'LUA'
+local captcha = require "captcha"
+local ticks = 0
+local ticker = captcha.spawn(function() while true do captcha.sleep(0.02) ticks = ticks + 1 end end)
+local r = assert(captcha.reader(0))
+local got = {}
+for line in r:lines() do got[#got + 1] = line end
+r:close()
+ticker:cancel()
+print(table.concat(got, ","), ticks >= 5 and "ticked" or ("stalled " .. ticks))
+LUA
+{ echo one; sleep 0.3; printf 'two\r\nthree'; } | "$CAPTCHARUN" "$TMP/reader.lua" > "$TMP/out"
+expect_eq "$(cat "$TMP/out")" "$(printf 'one,two,three\tticked')" "captcha.reader on a slow pipe"
+"$CAPTCHARUN" -e 'print(require("captcha").reader(0))' < "$TMP/args.lua" > "$TMP/out"
+expect_eq "$(cat "$TMP/out")" "$(printf 'nil\tnot a pipe or a terminal')" "captcha.reader refuses a regular file"
+
 # the embedding example: a C program on the public header only
 if [ -x "${CR_BUILD:-.}/embed_example" ]; then
   "${CR_BUILD:-.}/embed_example" > "$TMP/out"; expect_eq $? 0 "embed example status"

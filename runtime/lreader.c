@@ -1,0 +1,225 @@
+/*
+ * lreader.c: read lines from a pipe or terminal without blocking the loop.
+ *
+ *   local r = captcha.reader(0)          -- standard input
+ *   for line in r:lines() do ... end     -- each line waits only this task
+ *   r:close()
+ *
+ * io.read on a pipe whose writer is slow would stop every task of the process;
+ * here the descriptor is a libuv stream and the reading task waits for a line.
+ * A regular file cannot be a libuv stream: for one, captcha.reader returns nil
+ * and the caller reads it with io.lines (a local file read does not stall).
+ *
+ * Memory: the unread buffer; reading stops while more than READ_AHEAD bytes
+ * wait for a reader, so a fast producer cannot fill the heap.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cr.h"
+
+#define READER_MT "captcha.reader"
+#define READ_AHEAD (1u << 20)
+
+typedef struct lreader lreader;
+
+typedef struct rwait {
+  cr_wait w;
+  lreader *r;
+} rwait;
+
+struct lreader {
+  uv_stream_t *s;   /* NULL once closed; freed in its close callback */
+  cr_runtime *rt;
+  cr_resource res;
+  char *buf;
+  size_t len, cap;
+  int eof, err, reading;
+  rwait *waiter;
+};
+
+static void stream_closed(uv_handle_t *h) { free(h); }
+
+static void reader_close(lreader *r) {
+  if (!r->s) return;
+  r->s->data = NULL;
+  uv_close((uv_handle_t *)r->s, stream_closed);
+  r->s = NULL;
+  r->eof = 1;
+  if (r->waiter) cr_wake(&r->waiter->w);
+}
+
+static void res_close(cr_resource *res) {
+  reader_close((lreader *)((char *)res - offsetof(lreader, res)));
+}
+
+static int has_line(lreader *r) { return r->len && memchr(r->buf, '\n', r->len) != NULL; }
+
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
+  lreader *r = h->data;
+  if (r->cap - r->len < hint) {
+    size_t cap = r->cap ? r->cap : 65536;
+    while (cap - r->len < hint) cap *= 2;
+    char *nb = realloc(r->buf, cap);
+    if (!nb) { b->base = NULL; b->len = 0; return; }
+    r->buf = nb;
+    r->cap = cap;
+  }
+  b->base = r->buf + r->len;
+  b->len = r->cap - r->len;
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
+  (void)b;
+  lreader *r = s->data;
+  if (!r) return;
+  if (n > 0) r->len += (size_t)n;
+  else if (n == UV_EOF) r->eof = 1;
+  else if (n < 0) { r->eof = 1; r->err = (int)n; }
+  if (r->eof || r->len > READ_AHEAD) { uv_read_stop(s); r->reading = 0; }
+  if (r->waiter && (r->eof || has_line(r))) cr_wake(&r->waiter->w);
+}
+
+/* Push the next line (without its newline), the last unterminated piece at
+ * EOF, or nil at the end. */
+static int push_line(lua_State *L, lreader *r) {
+  char *nl = r->len ? memchr(r->buf, '\n', r->len) : NULL;
+  size_t take, skip;
+  if (nl) { take = (size_t)(nl - r->buf); skip = take + 1; }
+  else if (r->eof && r->len) { take = skip = r->len; }
+  else {
+    lua_pushnil(L);
+    if (r->err) { lua_pushstring(L, uv_strerror(r->err)); return 2; }
+    return 1;
+  }
+  if (take && r->buf[take - 1] == '\r') lua_pushlstring(L, r->buf, take - 1);
+  else lua_pushlstring(L, r->buf, take);
+  memmove(r->buf, r->buf + skip, r->len - skip);
+  r->len -= skip;
+  return 1;
+}
+
+static int rw_deliver(lua_State *co, cr_wait *w) {
+  rwait *x = (rwait *)w;
+  lreader *r = x->r;
+  r->waiter = NULL;
+  free(x);
+  return push_line(co, r);
+}
+
+static void rw_cancel(cr_wait *w) {
+  rwait *x = (rwait *)w;
+  x->r->waiter = NULL;
+  free(x);
+}
+
+static int lcr_reader_line(lua_State *L) {
+  lreader *r = luaL_checkudata(L, 1, READER_MT);
+  if (has_line(r) || r->eof || !r->s) return push_line(L, r);
+  if (r->waiter) return luaL_error(L, "another task is already reading from this reader");
+  rwait *x = calloc(1, sizeof *x);
+  if (!x) return luaL_error(L, "out of memory");
+  if (!cr_can_wait(L)) free(x);
+  cr_wait_begin(L, &x->w, rw_deliver, rw_cancel);
+  x->r = r;
+  r->waiter = x;
+  if (!r->reading) {
+    int rc = uv_read_start(r->s, on_alloc, on_read);
+    if (rc == 0) r->reading = 1;
+    else { r->eof = 1; r->err = rc; cr_wake(&x->w); }
+  }
+  return cr_yield(L);
+}
+
+static int lines_iter(lua_State *L) {
+  lua_settop(L, 0);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  return lcr_reader_line(L);
+}
+
+/* r:lines() -> iterator for a generic for */
+static int lcr_reader_lines(lua_State *L) {
+  luaL_checkudata(L, 1, READER_MT);
+  lua_settop(L, 1);
+  lua_pushcclosure(L, lines_iter, 1);
+  return 1;
+}
+
+static int lcr_reader_close(lua_State *L) {
+  lreader *r = luaL_checkudata(L, 1, READER_MT);
+  if (r->rt) cr_resource_remove(r->rt, &r->res);
+  reader_close(r);
+  return 0;
+}
+
+static int lcr_reader_gc(lua_State *L) {
+  lcr_reader_close(L);
+  lreader *r = luaL_checkudata(L, 1, READER_MT);
+  free(r->buf);
+  r->buf = NULL;
+  return 0;
+}
+
+/* captcha.reader(fd) -> reader, or nil, reason when fd is not a pipe or a
+ * terminal (a regular file: read it with io.lines). */
+static int lcr_reader_new(lua_State *L) {
+  lua_Integer fd = luaL_checkinteger(L, 1);
+  luaL_argcheck(L, fd >= 0 && fd < 65536, 1, "file descriptor expected");
+  cr_runtime *rt = cr_rt_get(L);
+  uv_handle_type type = uv_guess_handle((uv_file)fd);
+  if (type != UV_NAMED_PIPE && type != UV_TTY) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "not a pipe or a terminal");
+    return 2;
+  }
+  lreader *r = lua_newuserdatauv(L, sizeof *r, 0);
+  memset(r, 0, sizeof *r);
+  luaL_setmetatable(L, READER_MT);
+  uv_loop_t *loop = cr_rt_loop(rt);
+  int rc;
+  if (type == UV_TTY) {
+    uv_tty_t *t = malloc(sizeof *t);
+    if (!t) return luaL_error(L, "out of memory");
+    rc = uv_tty_init(loop, t, (uv_file)fd, 1);
+    if (rc != 0) { /* not initialised: nothing to close */
+      free(t);
+      lua_pushnil(L);
+      lua_pushstring(L, uv_strerror(rc));
+      return 2;
+    }
+    r->s = (uv_stream_t *)t;
+  } else {
+    uv_pipe_t *p = malloc(sizeof *p);
+    if (!p) return luaL_error(L, "out of memory");
+    uv_pipe_init(loop, p, 0);
+    rc = uv_pipe_open(p, (uv_file)fd);
+    r->s = (uv_stream_t *)p;
+  }
+  r->s->data = r;
+  r->rt = rt;
+  r->res.close = res_close;
+  cr_resource_add(rt, &r->res);
+  if (rc != 0) {
+    lcr_reader_close(L);
+    lua_pushnil(L);
+    lua_pushstring(L, uv_strerror(rc));
+    return 2;
+  }
+  return 1;
+}
+
+void cr_register_reader(lua_State *L) {
+  static const luaL_Reg m[] = {
+      {"line", lcr_reader_line}, {"lines", lcr_reader_lines}, {"close", lcr_reader_close}, {NULL, NULL}};
+  if (luaL_newmetatable(L, READER_MT)) {
+    luaL_newlib(L, m);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, lcr_reader_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, lcr_reader_close);
+    lua_setfield(L, -2, "__close");
+  }
+  lua_pop(L, 1);
+  lua_pushcfunction(L, lcr_reader_new);
+  lua_setfield(L, -2, "reader");
+}
