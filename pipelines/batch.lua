@@ -41,6 +41,8 @@ For authorized QA, staging and monitoring pipelines only.]])
   p:option("--first-poll", "Seconds before the first poll (default: per method).")
   p:option("--poll-interval", "Seconds between polls.", "5"):convert(tonumber)
   p:option("--timeout", "Seconds before a task is given up.", "180"):convert(tonumber)
+  p:option("--retry-base", "Backoff base in seconds for transient errors (default: the provider's advice).")
+  p:option("--retry-cap", "Longest backoff in seconds.", "60"):convert(tonumber)
   p:option("--drain-timeout", "On SIGINT/SIGTERM, seconds in-flight tasks get to finish.", "30"):convert(tonumber)
   p:option("--summary-json", "Also write the summary as JSON to this file.")
   p:flag("--no-dedup", "Solve identical tasks separately.")
@@ -56,11 +58,16 @@ For authorized QA, staging and monitoring pipelines only.]])
     return nil
   end
   for _, k in ipairs({ "slo", "warning", "critical", "rate", "burst", "concurrency", "poll_interval",
-                       "timeout", "drain_timeout", "min_events", "mock_latency", "mock_unsolvable" }) do
+                       "timeout", "drain_timeout", "min_events", "mock_latency", "mock_unsolvable",
+                       "retry_cap" }) do
     if res[k] == nil then
       io.stderr:write("batch.lua: --", k:gsub("_", "-"), " needs a number\n")
       return nil
     end
+  end
+  if res.retry_base and not tonumber(res.retry_base) then
+    io.stderr:write("batch.lua: --retry-base needs a number\n")
+    return nil
   end
   if res.first_poll and not tonumber(res.first_poll) then
     io.stderr:write("batch.lua: --first-poll needs a number\n")
@@ -101,7 +108,8 @@ local function main(args)
   if o.mock and not first_poll then first_poll = math.max(0.005, o.mock_latency / 2) end
   local client = captcha.client{ key = key, provider = o.provider, base_url = base_url,
     timeout = o.timeout, poll_interval = o.mock and math.min(o.poll_interval, o.mock_latency) or o.poll_interval,
-    first_poll = first_poll, max_connections = o.concurrency }
+    first_poll = first_poll, max_connections = o.concurrency,
+    retry = { base = tonumber(o.retry_base), cap = o.retry_cap } }
   local budget = captcha.budget{ target = o.slo, window = o.window, warning = o.warning,
                                  critical = o.critical, min_events = o.min_events > 0 and o.min_events or nil,
                                  state = o.state }

@@ -455,7 +455,7 @@ static int lcr_budget_report(lua_State *L) {
 }
 
 static int lcr_budget_on(lua_State *L) {
-  check_open(L);
+  lbudget *b = check_open(L);
   int e = luaL_checkoption(L, 2, NULL, events);
   luaL_checktype(L, 3, LUA_TFUNCTION);
   lua_getiuservalue(L, 1, 1);
@@ -467,6 +467,11 @@ static int lcr_budget_on(lua_State *L) {
   }
   lua_pushvalue(L, 3);
   lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+  /* With a hook, the sliding window can wake the program (a pipeline paused
+   * until the budget recovers): the timer then counts as pending work, and a
+   * run whose tasks all wait on that hook is not a deadlock. The process still
+   * ends when every task has (the scheduler stops the loop then). */
+  if (b->timer) uv_ref((uv_handle_t *)b->timer);
   lua_settop(L, 1);
   return 1;
 }
@@ -666,7 +671,7 @@ static void start_timer(lua_State *L, lbudget *b) {
   /* first tick at once: a budget restored from state fires its hooks as soon
    * as the script has registered them and the loop runs */
   uv_timer_start(b->timer, timer_cb, 1, (uint64_t)ceil(tick * 1000));
-  uv_unref((uv_handle_t *)b->timer); /* never keeps the process alive */
+  uv_unref((uv_handle_t *)b->timer); /* no hook yet: nothing to wait for (see on) */
 }
 
 static int lcr_budget_new(lua_State *L) {

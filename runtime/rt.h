@@ -30,6 +30,7 @@ struct cr_runtime {
   int pending_signal;        /* caught by signal_cb, dispatched by the runner */
   int signal_handlers;
   int baseline_refs;         /* registry refs right after start (leak check) */
+  int result_refs;           /* refs holding results of tasks whose handles live on */
   int leaked_handles;
 };
 

@@ -83,7 +83,10 @@ static void set_task(lua_State *S, int co_ref, cr_task *t) {
 __attribute__((noinline)) static void task_release(cr_task *t) {
   if (--t->refs > 0) return;
   /* the registry outlives every finalizer, so this is safe even in lua_close */
-  if (t->res_ref != LUA_NOREF) luaL_unref(t->rt->L, LUA_REGISTRYINDEX, t->res_ref);
+  if (t->res_ref != LUA_NOREF) {
+    luaL_unref(t->rt->L, LUA_REGISTRYINDEX, t->res_ref);
+    t->rt->result_refs--;
+  }
   free(t->traceback);
   free(t->what);
   free(t);
@@ -226,11 +229,13 @@ static void finish(cr_task *t, int st, int nres) {
     lua_pushinteger(L, nres);
     lua_setfield(L, -2, "n");
     t->res_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    rt->result_refs++;
     thread_recycle(rt, t, 0);
   } else {
     t->traceback = error_traceback(L, co);
     lua_xmove(co, L, 1);
     t->res_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    rt->result_refs++;
     thread_recycle(rt, t, 1);
     if (t->kind == K_HOOK) {
       char prefix[160];
@@ -260,6 +265,7 @@ static void cancel_task(cr_task *t) {
   unlink_task(t);
   lua_pushliteral(rt->L, "cancelled");
   t->res_ref = luaL_ref(rt->L, LUA_REGISTRYINDEX);
+  rt->result_refs++;
   t->refs++;              /* closing the thread may run __close handlers */
   thread_recycle(rt, t, 1);
   wake_joiners(t);

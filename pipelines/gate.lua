@@ -1,0 +1,198 @@
+#!/usr/bin/env captcharun
+--- pipelines/gate.lua: the deployment gate (seeds/error-budget.txt): read an
+-- error budget's state file, print its report, and exit 3 when the budget is
+-- spent, so a CI job can freeze releases until the window recovers.
+--
+--   captcharun pipelines/gate.lua --state budget.json                 # any key exhausted -> 3
+--   captcharun pipelines/gate.lua --state budget.json --method turnstile --fail-on critical
+--
+-- The state file is the one `captcha.budget{state = ...}` and
+-- `pipelines/batch.lua --state` write. The gate never modifies it: it loads a
+-- private copy. Events older than the window are gone, as in the pipeline, so
+-- an exhausted budget opens the gate again once the window has slid past the
+-- failures. The file does not record the SLO: pass the pipeline's --slo (and
+-- --method-slo) if they are not the defaults.
+--
+-- Exit status: 0 the gate is open, 3 a checked budget is at or past --fail-on,
+-- 2 usage errors (bad options, unreadable or foreign state file, unknown
+-- --method, a --window that matches nothing in the file).
+local captcha = require "captcha"
+local argparse = require "argparse"
+local json = captcha.json
+
+local NAME = "captcharun pipelines/gate.lua"
+local RANK = { healthy = 0, warning = 1, critical = 2, exhausted = 3 }
+local EXIT_OPEN, EXIT_CLOSED, EXIT_USAGE = 0, 3, 2
+
+local function usage_error(msg)
+  io.stderr:write("gate.lua: ", msg, "\nTry '", NAME, " --help' for more information.\n")
+  return nil
+end
+
+local function fraction(s)
+  local v = tonumber(s)
+  if v and v >= 0 and v <= 1 then return v end
+  return nil
+end
+
+-- "24h", "30m", "90s", "500ms", "1h30m" or seconds, as the budget reads them.
+local UNITS = { ms = 0.001, s = 1, m = 60, h = 3600, d = 86400, w = 604800 }
+local function duration(s)
+  if tonumber(s) then return tonumber(s) > 0 and tonumber(s) or nil end
+  local total, rest = 0, s
+  while rest ~= "" do
+    local n, tail = rest:match("^(%d+%.?%d*)(.*)$")
+    local u = tail and (tail:match("^ms") or tail:match("^[smhdw]"))
+    if not u then return nil end
+    total, rest = total + tonumber(n) * UNITS[u], tail:sub(#u + 1)
+  end
+  return total > 0 and total or nil
+end
+
+local function parse_args(args)
+  local p = argparse(NAME, "Deployment gate: exit 3 when an error budget is spent.")
+  p:epilog([[
+Checks every key in the state file (the aggregate "*" and each CAPTCHA type),
+or only --method. Prints one line per key and a verdict.
+
+Exit status: 0 open, 3 closed (a checked budget is at or past --fail-on),
+2 usage error (bad option, unreadable state file, unknown --method).]])
+  p:option("--state", "Budget state file (captcha.budget{state=...}, batch.lua --state).")
+  p:option("--method", "Check only this key (e.g. turnstile; \"*\" is the aggregate).")
+  p:option("--fail-on", "Close the gate at this status or worse.", "exhausted")
+   :choices({ "warning", "critical", "exhausted" })
+  p:option("--slo", "Success-rate target the budget was run with.", "0.95")
+  p:option("--method-slo", "Per-type target, METHOD=TARGET (repeatable).", nil):count("*")
+  p:option("--window", "Rolling window (default: the one stored in the state file).")
+  p:option("--warning", "Warning below this fraction of the budget left.", "0.50")
+  p:option("--critical", "Critical below this fraction left.", "0.10")
+  p:option("--min-events", "No judgement below this many events.", "0")
+  p:flag("--json", "Print the reports as one JSON object instead of a table.")
+  local ok, res = p:pparse(args)
+  if not ok then return usage_error(res) end
+  if not res.state then return usage_error("option '--state' is required") end
+  for _, k in ipairs({ "slo", "warning", "critical" }) do
+    local v = fraction(res[k])
+    if not v then return usage_error(("--%s: a number in [0, 1] expected, got '%s'"):format(k, res[k])) end
+    res[k] = v
+  end
+  res.min_events = math.tointeger(tonumber(res.min_events))
+  if not res.min_events or res.min_events < 0 then return usage_error("--min-events: an integer >= 0 expected") end
+  res.targets = {}
+  for _, item in ipairs(res.method_slo or {}) do
+    local m, v = item:match("^([^=]+)=(.+)$")
+    if not m or not fraction(v) then return usage_error("--method-slo: METHOD=TARGET expected, got '" .. item .. "'") end
+    res.targets[m] = fraction(v)
+  end
+  if res.window then
+    res.window_s = duration(res.window)
+    if not res.window_s then return usage_error("--window: a duration like 24h, 30m or 90s expected") end
+  end
+  return res
+end
+
+-- The state file as text plus the windows it stores (seconds -> true).
+local function read_state(path)
+  local f, err = io.open(path, "rb")
+  if not f then return nil, "cannot read the state file: " .. err end
+  local text = f:read("a")
+  f:close()
+  local doc = json.decode(text)
+  if type(doc) ~= "table" or type(doc.clock) ~= "string" or type(doc.buckets) ~= "table" then
+    return nil, path .. ": not a budget state file"
+  end
+  local windows = {}
+  for _, row in ipairs(doc.buckets) do
+    if type(row) == "table" and type(row[2]) == "number" then windows[row[2]] = true end
+  end
+  return text, windows
+end
+
+local function copy_to_temp(text)
+  local path = os.tmpname()
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+  return path
+end
+
+local function fmt_pct(v) return v and ("%.1f%%"):format(v) or "-" end
+
+local function print_table(reports)
+  print(("%-16s %-10s %8s %8s %8s %10s %6s"):format("key", "status", "SLO", "events", "failures", "remaining", "burn"))
+  for _, r in ipairs(reports) do
+    print(("%-16s %-10s %8s %8d %8d %10s %6.2f"):format(r.key, r.status, tostring(r.slo_target),
+      r.total_events, r.failures, fmt_pct(r.budget_remaining_pct), r.burn_rate or 0))
+  end
+end
+
+local function main(args)
+  local o = parse_args(args)
+  if not o then return EXIT_USAGE end
+  local text, windows = read_state(o.state)
+  if not text then
+    usage_error(windows)
+    return EXIT_USAGE
+  end
+
+  -- the budget's window must be one the file stores, or nothing is imported
+  local stored = {}
+  for w in pairs(windows) do stored[#stored + 1] = w end
+  table.sort(stored)
+  local window = o.window_s or stored[#stored] or 86400
+  if #stored > 0 and not windows[window] then
+    local list = {}
+    for i, w in ipairs(stored) do list[i] = ("%gs"):format(w) end
+    usage_error(("--window %s matches no window in %s (it has %s)"):format(o.window, o.state, table.concat(list, ", ")))
+    return EXIT_USAGE
+  end
+
+  local copy = copy_to_temp(text)
+  local budget = captcha.budget{ target = o.slo, window = window, warning = o.warning, critical = o.critical,
+    min_events = o.min_events > 0 and o.min_events or nil, targets = o.targets, state = copy }
+  local keys = budget:keys()
+  if o.method then
+    local known = false
+    for _, k in ipairs(keys) do known = known or k == o.method end
+    if not known then
+      budget:close()
+      os.remove(copy)
+      usage_error(("no events for method '%s' in %s (keys: %s)"):format(o.method, o.state, table.concat(keys, ", ")))
+      return EXIT_USAGE
+    end
+    keys = { o.method }
+  end
+
+  local reports, worst = {}, nil
+  for _, k in ipairs(keys) do
+    local r = budget:report(k)
+    r.at = nil -- the budget's clock, not a wall time
+    reports[#reports + 1] = r
+    if not worst or RANK[r.status] > RANK[worst.status] then worst = r end
+  end
+  budget:close()
+  os.remove(copy)
+
+  local closed = worst and RANK[worst.status] >= RANK[o.fail_on]
+  if o.json then
+    print(json.encode({ gate = closed and "closed" or "open", fail_on = o.fail_on, window = window,
+                        checked_at = os.date("!%Y-%m-%dT%H:%M:%SZ"), reports = reports }))
+  else
+    print_table(reports)
+    if closed then
+      local over = {}
+      for _, r in ipairs(reports) do
+        if RANK[r.status] >= RANK[o.fail_on] then
+          over[#over + 1] = ("'%s' is %s (%s left, burn rate %.2f)"):format(r.key, r.status,
+            fmt_pct(r.budget_remaining_pct), r.burn_rate)
+        end
+      end
+      print(("gate: CLOSED (fail-on %s): budget %s"):format(o.fail_on, table.concat(over, "; ")))
+    else
+      print(("gate: open (worst: %s; fail-on %s)"):format(worst and worst.status or "no events", o.fail_on))
+    end
+  end
+  return closed and EXIT_CLOSED or EXIT_OPEN
+end
+
+captcha.exit(main({ ... }))
