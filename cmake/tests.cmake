@@ -20,7 +20,8 @@ if(CR_SANITIZE)
   execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libubsan.so
                   OUTPUT_VARIABLE CR_LIBUBSAN OUTPUT_STRIP_TRAILING_WHITESPACE)
   set(CR_SPEC_ENV "LD_PRELOAD=${CR_LIBASAN}:${CR_LIBUBSAN}" "ASAN_OPTIONS=detect_leaks=0")
-  list(APPEND CR_TEST_ENV "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1" "CR_SANITIZE=1")
+  list(APPEND CR_TEST_ENV "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1" "CR_SANITIZE=1"
+       "CR_LUA_PRELOAD=${CR_LIBASAN}:${CR_LIBUBSAN}")
 else()
   set(CR_SPEC_ENV "")
 endif()
