@@ -37,6 +37,7 @@ struct cr_task {
   int state;
   int kind;
   int started;
+  int woken;           /* cr_wake came while it was still running */
   int nargs;           /* arguments waiting on co's stack for the first resume */
   uint64_t gen;
   cr_wait *wait;       /* the wait in progress, deliver or cancel not yet called */
@@ -124,8 +125,9 @@ static void dequeue(cr_task *t) {
 
 void cr_wake(cr_wait *w) {
   cr_task *t = w->task;
-  if (!t || t->wait != w || t->gen != w->gen || t->state != T_WAITING) return;
-  enqueue(t);
+  if (!t || t->wait != w || t->gen != w->gen) return;
+  if (t->state == T_WAITING) enqueue(t);
+  else if (t->state == T_RUNNING) t->woken = 1; /* before it yielded: see resume_task */
 }
 
 int cr_can_wait(lua_State *L) {
@@ -138,12 +140,19 @@ void cr_wait_begin(lua_State *L, cr_wait *w, cr_deliver_fn deliver, cr_cancel_fn
     luaL_error(L, "attempt to wait outside a task (use captcha.spawn or captcha.run; "
                   "plain coroutines and metamethods cannot wait)");
   cr_task *t = task_of(L);
+  if (t->wait) {
+    /* a wait that began but never yielded (its C function raised and a pcall
+     * caught the error): it is over, release it */
+    cr_wait *old = t->wait;
+    t->wait = NULL;
+    old->cancel(old);
+  }
   w->task = t;
   w->gen = ++t->gen;
   w->deliver = deliver;
   w->cancel = cancel;
   t->wait = w;
-  t->state = T_WAITING; /* a wake before the yield is kept: see resume_task */
+  t->woken = 0;
 }
 
 int cr_yield(lua_State *L) { return lua_yield(L, 0); }
@@ -290,15 +299,13 @@ static void resume_task(cr_runtime *rt, cr_task *t) {
   if (!t->started) { t->started = 1; nargs = t->nargs; }
   else if (t->wait) { cr_wait *w = t->wait; t->wait = NULL; nargs = w->deliver(co, w); }
   t->state = T_RUNNING;
+  t->woken = 0;
   t->refs++; /* finish() may drop the scheduler's reference */
   int st = lua_resume(co, NULL, nargs, &nres);
   if (st == LUA_YIELD) {
     lua_pop(co, nres);
-    if (t->state == T_RUNNING) {
-      /* a bare coroutine.yield() (or captcha.exit): run again later */
-      if (rt->exit_requested) t->state = T_WAITING;
-      else enqueue(t);
-    } /* else T_WAITING (a cr_wait) or T_READY (woken before it yielded) */
+    if ((t->wait && !t->woken) || rt->exit_requested) t->state = T_WAITING;
+    else enqueue(t); /* woken before it yielded, or a bare coroutine.yield() */
   } else {
     finish(t, st, nres);
   }
@@ -569,15 +576,10 @@ static int l_spawn(lua_State *L) {
 
 typedef struct { cr_wait w; uv_timer_t *timer; } sleep_wait;
 
-static void sleep_timer_closed(uv_handle_t *h) { free(h); }
-
 static void sleep_timer_cb(uv_timer_t *h) { cr_wake(h->data); }
 
 static void sleep_release(sleep_wait *s) {
-  if (s->timer) {
-    uv_timer_stop(s->timer);
-    uv_close((uv_handle_t *)s->timer, sleep_timer_closed);
-  }
+  cr_timer_free(&s->timer);
   free(s);
 }
 
@@ -593,17 +595,17 @@ static int l_sleep(lua_State *L) {
   double s = luaL_checknumber(L, 1);
   luaL_argcheck(L, s == s, 1, "seconds must be a number, not NaN");
   cr_runtime *rt = cr_rt_get(L);
+  if (!cr_can_wait(L)) cr_wait_begin(L, NULL, NULL, NULL); /* raises the usual error */
   sleep_wait *sw = calloc(1, sizeof *sw);
   if (!sw) return luaL_error(L, "out of memory");
-  if (!cr_can_wait(L)) { free(sw); }
+  if (s > 0 && !(sw->timer = cr_timer_new(rt, &sw->w))) {
+    free(sw);
+    return luaL_error(L, "out of memory");
+  }
   cr_wait_begin(L, &sw->w, sleep_deliver, sleep_cancel);
   if (s <= 0) {
     cr_wake(&sw->w); /* a plain yield: every ready task runs first */
   } else {
-    sw->timer = malloc(sizeof *sw->timer);
-    if (!sw->timer) return luaL_error(L, "out of memory");
-    uv_timer_init(&rt->loop, sw->timer);
-    sw->timer->data = &sw->w;
     double ms = s * 1000.0;
     uv_timer_start(sw->timer, sleep_timer_cb, ms > 9.2e15 ? (uint64_t)9.2e15 : (uint64_t)(ms + 0.999), 0);
   }

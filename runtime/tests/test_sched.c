@@ -31,6 +31,13 @@ static int l_cwait(lua_State *L) {
   return cr_yield(L);
 }
 
+/* cwait_raise(): begins a wait, then fails before yielding (an error after
+ * the wait was registered): the wait must be released, the task go on. */
+static int l_cwait_raise(lua_State *L) {
+  cr_wait_begin(L, &p1.w, probe_deliver, probe_cancel);
+  return luaL_error(L, "failed after the wait began");
+}
+
 static void timer_cb(uv_timer_t *h) {
   (void)h;
   p1.value++;
@@ -53,6 +60,7 @@ static cr_runtime *new_rt(void) {
   lua_State *L = cr_runtime_lua(rt);
   lua_register(L, "cwait", l_cwait);
   lua_register(L, "arm", l_arm);
+  lua_register(L, "cwait_raise", l_cwait_raise);
   return rt;
 }
 
@@ -116,6 +124,23 @@ static void test_deadlock(void) {
   cr_runtime_close(rt);
 }
 
+static void test_wait_then_raise(void) {
+  p1.delivered = p1.cancelled = 0;
+  cr_runtime *rt = new_rt();
+  int st = cr_runtime_run_string(rt,
+      "local c = require 'captcha'\n"
+      "local ok, err = pcall(cwait_raise)\n"
+      "assert(not ok and err:find('after the wait'))\n"
+      "c.sleep(0.001)\n"
+      "local t = c.spawn(function() return 'fine' end)\n"
+      "assert(t:wait() == 'fine')\n", "=t5");
+  CHECK_EQ_INT(st, 0);
+  CHECK_EQ_INT(p1.cancelled, 1);
+  CHECK_EQ_INT(p1.delivered, 0);
+  CHECK_EQ_INT(cr_runtime_check_leaks(rt), 0);
+  cr_runtime_close(rt);
+}
+
 static void test_leak_check_fails(void) {
   cr_runtime *rt = new_rt();
   uv_timer_t *leaked = malloc(sizeof *leaked);
@@ -131,6 +156,7 @@ int main(void) {
   test_cancel();
   test_shutdown_cancels();
   test_deadlock();
+  test_wait_then_raise();
   test_leak_check_fails();
   return CHECK_DONE();
 }
