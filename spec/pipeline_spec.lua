@@ -177,6 +177,31 @@ describe("captcha.pipeline", function()
     os.remove(output)
   end)
 
+  it("releases workers waiting on the bucket when it stops", function()
+    local tasks = {}
+    for i = 1, 6 do tasks[i] = { id = i, method = "turnstile" } end
+    local output = tmpfile()
+    captcha.run(function()
+      -- one token now, the next in about 11 days: only a release ends this run
+      local bucket = captcha.bucket{ capacity = 1, rate = 1e-6 }
+      local p
+      p = captcha.pipeline{ bucket = bucket, input = tasks, output = output, concurrency = 6, quiet = true,
+        solve = function(task) p:stop("enough") return { answer = "a" .. task.id } end }
+      local sum = p:run()
+      bucket:close()
+      assert.are.equal(1, sum.solved)
+      assert.are.equal(5, sum.skipped)
+    end)
+    local r = by_id(read_lines(output))
+    local n = 0
+    for _, rec in pairs(r) do
+      n = n + 1
+      if rec.status == "skipped" then assert.are.equal("enough", rec.error) end
+    end
+    assert.are.equal(6, n)
+    os.remove(output)
+  end)
+
   it("throttles and pauses through the bucket", function()
     captcha.run(function()
       local bucket = captcha.bucket{ capacity = 5, rate = 100 }

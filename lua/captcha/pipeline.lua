@@ -258,6 +258,8 @@ function M.new(opts)
   p.stats = { total = 0, solved = 0, failed = 0, invalid = 0, skipped = 0, interrupted = 0,
               resumed = 0, dedup_hits = 0, inflight = 0, by_method = {} }
   p.current = {}   -- worker -> item being solved (drain writes them as interrupted)
+  p.acquiring = {} -- worker -> true while it waits for a token
+  p.worker_of = setmetatable({}, { __mode = "k" }) -- coroutine -> worker
   return p
 end
 
@@ -294,6 +296,17 @@ function Pipeline:stop(reason)
   if self.stopping then return end
   self.stopping = { status = "skipped", reason = reason or "stopped" }
   if self.paused then self.bucket:resume() end
+  self:_release_waiting()
+end
+
+-- Workers parked on the bucket have sent nothing yet: stop them now rather
+-- than after their tokens trickle in (their items get the stop's status).
+function Pipeline:_release_waiting()
+  for i in pairs(self.acquiring) do
+    local w = self.workers and self.workers[i]
+    if w then pcall(w.cancel, w) end -- pcall: never the running task itself
+    self.acquiring[i] = nil
+  end
 end
 
 -- ---- hooks ----------------------------------------------------------------
@@ -373,7 +386,10 @@ end
 -- One API attempt for a task: bucket, client, budget.
 function Pipeline:_attempt(task)
   if self.stopping then return nil, self.stopping.reason, "SKIPPED" end
+  local i = self.worker_of[coroutine.running()]
+  if i then self.acquiring[i] = true end
   local ok, berr = self.bucket:acquire{ timeout = self.acquire_timeout }
+  if i then self.acquiring[i] = nil end
   if not ok then return nil, "rate limiter: " .. tostring(berr), "BUCKET_" .. tostring(berr):upper():gsub(" ", "_") end
   if self.stopping then return nil, self.stopping.reason, "SKIPPED" end
   local r, err, code
@@ -427,7 +443,7 @@ function Pipeline:_process(item)
     m.solved = m.solved + 1
     if source == "api" then m.times[#m.times + 1] = elapsed
     else m.dedup_hits = m.dedup_hits + 1 s.dedup_hits = s.dedup_hits + 1 end
-  elseif code == "SKIPPED" or (self.stopping and self.stopping.halted and code == self.halted) then
+  elseif code == "SKIPPED" or (self.stopping and (code == nil or (self.stopping.halted and code == self.halted))) then
     rec.status = self.stopping and self.stopping.status or "skipped"
     rec.error = tostring(err)
   else
@@ -453,6 +469,7 @@ function Pipeline:_next()
 end
 
 function Pipeline:_worker(i)
+  self.worker_of[coroutine.running()] = i
   while true do
     local item = self:_next()
     if not item then return end
@@ -614,6 +631,7 @@ function Pipeline:run()
     self.interrupted = sig
     self.stopping = { status = "interrupted", reason = "interrupted by " .. sig }
     if self.paused then self.bucket:resume() end
+    self:_release_waiting()
     captcha.log.warn("draining", { signal = sig, in_flight = self.stats.inflight, timeout = self.drain_timeout })
     -- in-flight tasks get drain_timeout to finish; run() cancels this timer
     -- as soon as they all have
