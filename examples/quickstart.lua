@@ -5,8 +5,9 @@
 -- through, Turnstile failures spike (a mock scenario), the error budget burns,
 -- and the default policy reacts: a log alert at `warning`, half rate at
 -- `critical`, a pause at `exhausted`, and back to full speed once the short
--- window slides past the spike. Results go to stdout as JSON lines; the
--- progress line (on a terminal) and the summary go to stderr.
+-- window slides past the spike. Results go to quickstart-results.jsonl (one
+-- JSON line per task); the progress line (on a terminal), the hook log lines
+-- and the summary go to stderr.
 local captcha = require "captcha"
 
 -- 1. A provider. Swap these two lines for a real key and the real URL:
@@ -37,11 +38,11 @@ local p = captcha.pipeline{
   dedup = captcha.dedup{ solved_ttl = 60 },
   concurrency = 30,
   input = tasks,
-  output = "-",
+  output = "quickstart-results.jsonl",
 }
 local summary, code = p:run()
 
 budget:close()
 mock:close()
-captcha.log.info("quickstart done", { solved = summary.solved, failed = summary.failed,
-                                      dedup_hits = summary.dedup_hits, exit_code = code })
+captcha.log.info("quickstart done: results in quickstart-results.jsonl",
+  { solved = summary.solved, failed = summary.failed, dedup_hits = summary.dedup_hits, exit_code = code })
