@@ -393,8 +393,13 @@ function Pipeline:_attempt(task)
   if not ok then return nil, "rate limiter: " .. tostring(berr), "BUCKET_" .. tostring(berr):upper():gsub(" ", "_") end
   if self.stopping then return nil, self.stopping.reason, "SKIPPED" end
   local r, err, code
+  local t1 = captcha.now()
   if self.solve_fn then r, err, code = self.solve_fn(task)
   else r, err, code = self.client:solve(task) end
+  if r ~= nil then -- solve time: from the token to the answer (no queueing)
+    local times = self:_method_stats(task.method).times
+    times[#times + 1] = captcha.now() - t1
+  end
   if self.budget and not (self.stopping and self.stopping.halted and r == nil) then
     self.budget:record(r ~= nil, { method = task.method })
   end
@@ -441,8 +446,7 @@ function Pipeline:_process(item)
     rec.submit_attempts = type(r) == "table" and r.submit_attempts or nil
     rec.polls = type(r) == "table" and r.polls or nil
     m.solved = m.solved + 1
-    if source == "api" then m.times[#m.times + 1] = elapsed
-    else m.dedup_hits = m.dedup_hits + 1 s.dedup_hits = s.dedup_hits + 1 end
+    if source ~= "api" then m.dedup_hits = m.dedup_hits + 1 s.dedup_hits = s.dedup_hits + 1 end
   elseif code == "SKIPPED" or (self.stopping and (code == nil or (self.stopping.halted and code == self.halted))) then
     rec.status = self.stopping and self.stopping.status or "skipped"
     rec.error = tostring(err)
