@@ -206,6 +206,15 @@ static int req_index(lua_State *L) {
   return 1;
 }
 
+/* A NUL or any of `set` in s[0..n): strpbrk would stop at a NUL and let a
+ * CR LF after it through (header injection). */
+static int has_any(const char *s, size_t n, const char *set) {
+  if (memchr(s, 0, n)) return 1;
+  for (; *set; set++)
+    if (memchr(s, *set, n)) return 1;
+  return 0;
+}
+
 /* Format a {name = value} table as "Name: value\r\n" lines. Two passes (check
  * and measure, then copy) so that a bad header raises before anything is
  * allocated outside Lua's control. The block goes to `small` (room for
@@ -222,8 +231,8 @@ static const char *header_block(lua_State *L, int idx, char *small, size_t cap, 
       const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &kl) : NULL;
       int vok = lua_type(L, -1) == LUA_TSTRING || lua_type(L, -1) == LUA_TNUMBER;
       const char *v = vok ? lua_tolstring(L, -1, &vl) : NULL;  /* a number turns into a string */
-      if (!k || !v || strpbrk(k, "\r\n:") || strpbrk(v, "\r\n"))
-        luaL_argerror(L, idx, "headers must map names to values (no CR, LF, or ':' in names)");
+      if (!k || !v || has_any(k, kl, "\r\n:") || has_any(v, vl, "\r\n"))
+        luaL_argerror(L, idx, "headers must map names to values (no NUL, CR, LF, or ':' in names)");
       if (pass) {
         memcpy(out + off, k, kl), off += kl;
         memcpy(out + off, ": ", 2), off += 2;
@@ -381,18 +390,23 @@ static int lcr_server_tostring(lua_State *L) {
 }
 
 /* The accept loop, run as one task per server. A handler error answers 500
- * and is logged with its traceback; the loop goes on. */
+ * and is logged with its traceback; the loop goes on. The handler's answer
+ * is given inside the same protected call: respond raises on a bad status or
+ * headers, and outside it that error would end the loop and leave the server
+ * accepting requests that nobody takes. */
 static const char accept_loop[] =
     "local srv, handler, nextreq, respond, msgh, logerr = ...\n"
+    "local function serve(req)\n"
+    "  local status, headers, body = handler(req)\n"
+    "  if status then respond(req, status, headers, body) end\n"
+    "end\n"
     "while true do\n"
     "  local req = nextreq(srv)\n"
     "  if req == nil then return end\n"
-    "  local ok, status, headers, body = xpcall(handler, msgh, req)\n"
+    "  local ok, err = xpcall(serve, msgh, req)\n"
     "  if not ok then\n"
-    "    logerr(status)\n"
+    "    logerr(err)\n"
     "    respond(req, 500, nil, 'internal server error')\n"
-    "  elseif status then\n"
-    "    respond(req, status, headers, body)\n"
     "  end\n"
     "end\n";
 

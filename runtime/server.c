@@ -230,7 +230,7 @@ static void write_cb(uv_write_t *w, int status) {
   c->writes--;
   if (c->closing) return;
   if (status < 0) conn_close(c, 0);
-  else if (c->close_after_write && c->writes == 0) conn_close(c, 0);
+  else if ((c->close_after_write || (c->eof && !c->head)) && c->writes == 0) conn_close(c, 0);
 }
 
 /* Write `len` bytes at `data`. `owned` is NULL (the bytes are borrowed: what
@@ -401,7 +401,7 @@ static char *build_answer(cr_request *r, int status, const char *headers, size_t
   if (close) PUTS(p, "Connection: close\r\n");
   else if (r->http10) PUTS(p, "Connection: keep-alive\r\n");
   PUTS(p, "\r\n");
-  PUT(p, body, blen);
+  if (r->method != HTTP_HEAD) PUT(p, body, blen);  /* HEAD: the length only */
   *len = (size_t)(p - buf);
   return buf;
 }
@@ -618,11 +618,12 @@ static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b) {
   conn *c = st->data;
   if (nread == 0) return;
   if (nread < 0) {
-    /* A peer that half-closes after pipelining still gets its answers, unless
-     * one of them hangs: then nobody would ever close this connection. */
+    /* A peer that half-closes after pipelining still gets its answers, the
+     * ones still being written too, unless one of them hangs: then nobody
+     * would ever close this connection. */
     int hung = 0;
     for (cr_request *r = c->head; r; r = r->next) hung |= r->hung;
-    if (nread != UV_EOF || !c->head || hung) { conn_close(c, 0); return; }
+    if (nread != UV_EOF || hung || (!c->head && !c->writes)) { conn_close(c, 0); return; }
     c->eof = 1;
     uv_read_stop(st);
     c->reading = 0;

@@ -154,6 +154,10 @@ describe("captcha.mock wire format", function()
       assert.equal("CAPCHA_NOT_READY", parts[2])
       assert.equal("ERROR_WRONG_CAPTCHA_ID", parts[3])
       assert.matches("^0%.mock", parts[4])
+      -- json=true is json=1 here too, as for every other answer
+      local j = json.decode(get(m, "/res.php?key=" .. KEY .. "&action=get&json=true&ids=" .. a))
+      assert.equal(1, j.status)
+      assert.matches("^0%.mock", j.request)
     end)
   end)
 end)
@@ -292,6 +296,35 @@ describe("captcha.mock scenario and determinism", function()
       assert.equal("ERROR_NO_SLOT_AVAILABLE", submit(m, copy(TURNSTILE)))
     end)
     os.remove(path)
+  end)
+
+  it("gives byte-identical object answers for the same seed in every process", function()
+    -- Key order must not follow the per-process string hash seed of pairs().
+    local exe = assert(os.getenv("CAPTCHARUN"), "CAPTCHARUN: path of the captcharun binary")
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w"))
+    f:write([[
+local captcha = require "captcha"
+captcha.run(function()
+  local m = assert(require("captcha.mock").new{ seed = 3 })
+  local function get(q) return assert(captcha.http.request{ url = m.url .. q, timeout = 5 }).body end
+  local id = get("/in.php?key=k&method=geetest&gt=g&challenge=c&pageurl=https://a"):match("%d+")
+  print(get("/res.php?key=k&action=get&id=" .. id))
+  print(get("/res.php?key=k&action=get&id=" .. id .. "&json=1"))
+  m:close()
+end)
+]])
+    f:close()
+    local outs = {}
+    for i = 1, 8 do
+      local p = assert(io.popen(exe .. " --log-level off " .. path))
+      outs[i] = p:read("a")
+      p:close()
+    end
+    os.remove(path)
+    assert.matches('^OK|{"challenge":"c","validate":"%x+","seccode":"%x+|jordan"}\n', outs[1])
+    assert.matches('\n{"status":1,"request":{"challenge":"c",', outs[1])
+    for i = 2, 8 do assert.equal(outs[1], outs[i]) end
   end)
 
   it("gives the same ids, outcomes and answers for the same seed", function()

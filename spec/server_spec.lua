@@ -98,6 +98,26 @@ describe("captcha.http.serve", function()
     end)
   end)
 
+  it("answers 500 when the handler returns what respond refuses, and goes on", function()
+    captcha.run(function()
+      local lvl = captcha.log.level("off")
+      local srv = serve(function(req)
+        if req.path == "/body-as-headers" then return 200, "oops" end
+        if req.path == "/bad-status" then return 42 end
+        if req.path == "/bad-header" then return 200, { ["X\r\nY"] = "z" }, "" end
+        return 200, nil, "fine"
+      end)
+      for _, path in ipairs{ "/body-as-headers", "/bad-status", "/bad-header" } do
+        local r, err = http.request{ url = srv.url .. path, timeout = 2 }
+        assert.is_table(r, err)
+        assert.equal(500, r.status)
+        assert.equal("fine", assert(http.request{ url = srv.url .. "/ok", timeout = 2 }).body)
+      end
+      captcha.log.level(lvl)
+      srv:close()
+    end)
+  end)
+
   it("injects connection faults: reset, hang, raw garbage, slow drip", function()
     captcha.run(function()
       local srv = serve(function(req)
@@ -146,14 +166,20 @@ describe("captcha.http.serve", function()
 
   it("rejects bad response headers", function()
     captcha.run(function()
-      local err
+      local err, err_nul
       local srv = serve(function(req)
         local ok, e = pcall(req.respond, req, 200, { ["Bad\r\nName"] = "x" }, "")
         err = not ok and e
+        -- a NUL must not hide a CR LF from the check (header injection)
+        ok, e = pcall(req.respond, req, 200, { ["X-A"] = "v\0\r\nX-Injected: 1" }, "")
+        err_nul = not ok and e
         return 200, nil, "after"
       end)
-      assert.equal("after", assert(http.request{ url = srv.url .. "/" }).body)
+      local r = assert(http.request{ url = srv.url .. "/" })
+      assert.equal("after", r.body)
+      assert.is_nil(r.headers["x-injected"])
       assert.matches("headers", err)
+      assert.matches("headers", err_nul)
       srv:close()
     end)
   end)

@@ -273,6 +273,17 @@ end
 
 local JSON_H = { ["Content-Type"] = "application/json" }
 
+-- JSON text of an answer, objects (GeeTest's) in a fixed key order:
+-- json.encode follows pairs(), whose order changes with each process's
+-- string hash seed, and a seed must give the same bytes in every run.
+local GEETEST_KEYS = { "challenge", "validate", "seccode" }
+local function answer_json(v)
+  if type(v) ~= "table" then return json.encode(v) end
+  local out = {}
+  for i, k in ipairs(GEETEST_KEYS) do out[i] = json.encode(k) .. ":" .. json.encode(v[k]) end
+  return "{" .. table.concat(out, ",") .. "}"
+end
+
 -- A useragent needs no JSON escaping unless it holds '"', '\' or a control
 -- character (cJSON writes the rest, UTF-8 too, as is). It is a knob, so the
 -- last one found clean is remembered: scanning its 100 bytes with a pattern
@@ -304,13 +315,13 @@ local function reply(self, p, kind, code, ok, value, ua, clean)
       if ua then return 200, JSON_H, '{"status":1,"request":"' .. value .. '","useragent":"' .. ua .. '"}' end
       return 200, JSON_H, '{"status":1,"request":"' .. value .. '"}'
     end
-    local t = { status = ok and 1 or 0, request = value }
-    if not ok then t.error_text = code end
-    if ua then t.useragent = ua end
-    return 200, JSON_H, json.encode(t)
+    local s = '{"status":' .. (ok and 1 or 0) .. ',"request":' .. answer_json(value)
+    if not ok then s = s .. ',"error_text":' .. json.encode(code) end
+    if ua then s = s .. ',"useragent":' .. json.encode(ua) end
+    return 200, JSON_H, s .. "}"
   end
   if ok then
-    if type(value) == "table" then value = json.encode(value) end
+    if type(value) == "table" then value = answer_json(value) end
     if code == "OK" then return 200, nil, "OK|" .. tostring(value) end
     return 200, nil, tostring(value)
   end
@@ -569,15 +580,15 @@ local function poll_many(self, p, now)
   local out = {}
   for id in p.ids:gmatch("[^,]+") do
     local code, ok, value = task_state(self, id, now)
-    if ok then out[#out + 1] = type(value) == "table" and json.encode(value) or value
+    if ok then out[#out + 1] = type(value) == "table" and answer_json(value) or value
     else out[#out + 1] = code end
     count(self.st.answers, code)
     count(self.st.poll_answers, code)
   end
   if #out == 0 then return fail(self, p, "poll", "ERROR_WRONG_ID_FORMAT") end
   local s = table.concat(out, "|")
-  if p.json == "1" then
-    return 200, { ["Content-Type"] = "application/json" }, json.encode{ status = 1, request = s }
+  if p.json == "1" or p.json == "true" then
+    return 200, JSON_H, '{"status":1,"request":' .. json.encode(s) .. "}"
   end
   return 200, nil, s
 end

@@ -18,6 +18,8 @@ static uv_loop_t loop;
 static uv_async_t stop_async;
 static cr_server *srv, *srv_small;
 static cr_request *held_later, *held_hang;
+#define BIG_BODY (16 * 1024 * 1024)  /* more than loopback socket buffers hold */
+static char *big_body;
 
 /* The server side: what to answer is chosen by path. */
 static void on_request(cr_server *s, cr_request *r, void *ud) {
@@ -34,6 +36,8 @@ static void on_request(cr_server *s, cr_request *r, void *ud) {
   else if (strcmp(p, "/raw") == 0) cr_request_respond_raw(r, "garbage", 7);
   else if (strcmp(p, "/drip") == 0)
     cr_request_drip(r, 200, NULL, 0, "slow but complete", 17, 3, 1);
+  else if (strcmp(p, "/big") == 0)
+    CHECK_EQ_INT(cr_request_respond(r, 200, NULL, 0, big_body, BIG_BODY), 0);
   else {
     char out[8192];
     const char *x = cr_request_header_get(r, "x-test", &hlen);
@@ -56,8 +60,8 @@ static void on_stop(uv_async_t *a) {
   cr_server_get_stats(srv, &st);
   cr_server_get_stats(srv_small, &sm);
   CHECK_EQ_INT(st.bad_requests, 3);   /* 400, 413, 431 */
-  CHECK_EQ_INT(st.requests, 219);    /* reset and hang are never answered, */
-  CHECK_EQ_INT(st.responses, 220);   /* the three refusals are */
+  CHECK_EQ_INT(st.requests, 222);    /* reset and hang are never answered, */
+  CHECK_EQ_INT(st.responses, 223);   /* the three refusals are */
   CHECK_EQ_INT(sm.refused, 1);
   CHECK_EQ_INT(sm.idle_closed, 4);
   cr_server_close(srv);
@@ -257,6 +261,46 @@ static void test_faults(int port) {
   close(c.fd);
 }
 
+/* A client that sends its request and half-closes (shutdown(SHUT_WR), as
+ * HTTP/1.0 tools do) gets the whole answer, even one the socket cannot take
+ * at once, and then a clean EOF. */
+static void test_half_close_mid_write(int port) {
+  client c;
+  CHECK_EQ_INT(dial(&c, port), 0);
+  SEND(&c, "GET /big HTTP/1.1\r\n\r\n");
+  shutdown(c.fd, SHUT_WR);
+  size_t total = 0;
+  ssize_t n;
+  char *b = malloc(65536);
+  while ((n = recv(c.fd, b, 65536, 0)) > 0) total += (size_t)n;
+  CHECK_EQ_INT(n, 0);  /* clean EOF, no reset */
+  free(b);
+  size_t head_len = strlen("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 16777216\r\n\r\n");
+  CHECK_EQ_INT(total, head_len + BIG_BODY);
+  close(c.fd);
+}
+
+/* HEAD: the answer's headers say the body's length, but no body follows, or
+ * the next answer on the connection would be read as that body. */
+static void test_head(int port) {
+  client c;
+  CHECK_EQ_INT(dial(&c, port), 0);
+  SEND(&c, "HEAD /h HTTP/1.1\r\n\r\nGET /next HTTP/1.1\r\n\r\n");
+  char *end;
+  while (!(end = strstr(c.buf, "\r\n\r\n")) && fill(&c) > 0) {}
+  CHECK(end != NULL);
+  if (!end) { close(c.fd); return; }
+  CHECK(strncmp(c.buf, "HTTP/1.1 200 ", 13) == 0);
+  size_t hl = (size_t)(end - c.buf) + 4;
+  while (c.len < hl + 9 && fill(&c) > 0) {}
+  CHECK(strncmp(c.buf + hl, "HTTP/1.1 ", 9) == 0);
+  memmove(c.buf, c.buf + hl, c.len - hl + 1);
+  c.len -= hl;
+  CHECK_EQ_INT(read_response(&c, head, body, sizeof body), 200);
+  CHECK_STR(body, "GET /next q=none x= body=");
+  close(c.fd);
+}
+
 static void test_limits(int port) {
   client c[5];
   for (int i = 0; i < 4; i++) {
@@ -287,6 +331,8 @@ static void test_url_decode(void) {
 
 int main(void) {
   test_url_decode();
+  big_body = malloc(BIG_BODY);
+  memset(big_body, 'b', BIG_BODY);
   uv_loop_init(&loop);
   cr_server_opts o = cr_server_defaults();
   o.max_body = 4096;
@@ -313,10 +359,13 @@ int main(void) {
   test_pipelined(port);
   test_malformed(port);
   test_faults(port);
+  test_half_close_mid_write(port);
+  test_head(port);
   test_limits(port_small);
   uv_async_send(&stop_async);
   pthread_join(th, NULL);
 
   CHECK_EQ_INT(uv_loop_close(&loop), 0);  /* every handle closed */
+  free(big_body);
   return CHECK_DONE();
 }
