@@ -10,8 +10,11 @@
 -- `pipelines/batch.lua --state` write. The gate never modifies it: it loads a
 -- private copy. Events older than the window are gone, as in the pipeline, so
 -- an exhausted budget opens the gate again once the window has slid past the
--- failures. The file does not record the SLO: pass the pipeline's --slo (and
--- --method-slo) if they are not the defaults.
+-- failures. The file records the budget's configuration (target, per-type
+-- targets, warning, critical, min_events, expected_events, window) and the gate
+-- judges with it by default; --slo, --method-slo, --warning, --critical,
+-- --min-events and --window override it. Files written before the
+-- configuration was stored fall back to the pipeline's defaults.
 --
 -- Exit status: 0 the gate is open, 3 a checked budget is at or past --fail-on,
 -- 2 usage errors (bad options, unreadable or foreign state file, unknown
@@ -55,29 +58,41 @@ local function parse_args(args)
 Checks every key in the state file (the aggregate "*" and each CAPTCHA type),
 or only --method. Prints one line per key and a verdict.
 
+Configuration: by default the budget is judged exactly as the run that wrote
+the state file configured it: its SLO target, per-type targets, warning and
+critical thresholds, min_events, expected_events and window are stored in the
+file. Each of --slo, --method-slo (per type), --warning, --critical,
+--min-events and --window overrides the stored value. A file written before the
+configuration was stored uses 0.95, 0.50, 0.10, 0 and its longest window.
+
 Exit status: 0 open, 3 closed (a checked budget is at or past --fail-on),
 2 usage error (bad option, unreadable state file, unknown --method).]])
   p:option("--state", "Budget state file (captcha.budget{state=...}, batch.lua --state).")
   p:option("--method", "Check only this key (e.g. turnstile; \"*\" is the aggregate).")
   p:option("--fail-on", "Close the gate at this status or worse.", "exhausted")
    :choices({ "warning", "critical", "exhausted" })
-  p:option("--slo", "Success-rate target the budget was run with.", "0.95")
-  p:option("--method-slo", "Per-type target, METHOD=TARGET (repeatable).", nil):count("*")
+  p:option("--slo", "Success-rate target (default: stored in the state file, else 0.95).")
+  p:option("--method-slo", "Per-type target, METHOD=TARGET (repeatable; overrides the stored one).", nil)
+   :count("*")
   p:option("--window", "Rolling window (default: the one stored in the state file).")
-  p:option("--warning", "Warning below this fraction of the budget left.", "0.50")
-  p:option("--critical", "Critical below this fraction left.", "0.10")
-  p:option("--min-events", "No judgement below this many events.", "0")
+  p:option("--warning", "Warning below this fraction of the budget left (default: stored, else 0.50).")
+  p:option("--critical", "Critical below this fraction left (default: stored, else 0.10).")
+  p:option("--min-events", "No judgement below this many events (default: stored, else 0).")
   p:flag("--json", "Print the reports as one JSON object instead of a table.")
   local ok, res = p:pparse(args)
   if not ok then return usage_error(res) end
   if not res.state then return usage_error("option '--state' is required") end
   for _, k in ipairs({ "slo", "warning", "critical" }) do
-    local v = fraction(res[k])
-    if not v then return usage_error(("--%s: a number in [0, 1] expected, got '%s'"):format(k, res[k])) end
-    res[k] = v
+    if res[k] ~= nil then
+      local v = fraction(res[k])
+      if not v then return usage_error(("--%s: a number in [0, 1] expected, got '%s'"):format(k, res[k])) end
+      res[k] = v
+    end
   end
-  res.min_events = math.tointeger(tonumber(res.min_events))
-  if not res.min_events or res.min_events < 0 then return usage_error("--min-events: an integer >= 0 expected") end
+  if res.min_events ~= nil then
+    res.min_events = math.tointeger(tonumber(res.min_events))
+    if not res.min_events or res.min_events < 0 then return usage_error("--min-events: an integer >= 0 expected") end
+  end
   res.targets = {}
   for _, item in ipairs(res.method_slo or {}) do
     local m, v = item:match("^([^=]+)=(.+)$")
@@ -91,7 +106,31 @@ Exit status: 0 open, 3 closed (a checked budget is at or past --fail-on),
   return res
 end
 
--- The state file as text plus the windows it stores (seconds -> true).
+local function count(v) return math.type(v) == "integer" and v >= 0 or (type(v) == "number" and v >= 0 and v == math.floor(v)) end
+
+-- The configuration stored by the budget (absent in older files: {}), checked
+-- so that a damaged file is a usage error, not a crash in captcha.budget.
+local function stored_config(path, c)
+  if c == nil then return {} end
+  local function bad(field) return nil, ("%s: bad stored configuration field '%s'"):format(path, field) end
+  if type(c) ~= "table" then return bad("config") end
+  for _, k in ipairs({ "target", "warning", "critical" }) do
+    if c[k] ~= nil and not (type(c[k]) == "number" and fraction(c[k])) then return bad(k) end
+  end
+  if c.min_events ~= nil and not count(c.min_events) then return bad("min_events") end
+  if c.window ~= nil and not (type(c.window) == "number" and c.window > 0) then return bad("window") end
+  for _, k in ipairs({ "targets", "expected_events" }) do
+    if c[k] ~= nil and type(c[k]) ~= "table" then return bad(k) end
+    for m, v in pairs(c[k] or {}) do
+      local okv = k == "targets" and type(v) == "number" and fraction(v) or k == "expected_events" and count(v)
+      if type(m) ~= "string" or not okv then return bad(k .. "." .. tostring(m)) end
+    end
+  end
+  return c
+end
+
+-- The state file as text, the windows it stores (seconds -> true) and its
+-- stored configuration.
 local function read_state(path)
   local f, err = io.open(path, "rb")
   if not f then return nil, "cannot read the state file: " .. err end
@@ -105,7 +144,9 @@ local function read_state(path)
   for _, row in ipairs(doc.buckets) do
     if type(row) == "table" and type(row[2]) == "number" then windows[row[2]] = true end
   end
-  return text, windows
+  local config, err = stored_config(path, doc.config)
+  if not config then return nil, err end
+  return text, windows, config
 end
 
 local function copy_to_temp(text)
@@ -129,27 +170,37 @@ end
 local function main(args)
   local o = parse_args(args)
   if not o then return EXIT_USAGE end
-  local text, windows = read_state(o.state)
+  local text, windows, config = read_state(o.state)
   if not text then
     usage_error(windows)
     return EXIT_USAGE
   end
+  -- flags override the stored configuration, which overrides the defaults
+  local slo = o.slo or config.target or 0.95
+  local warning, critical = o.warning or config.warning or 0.50, o.critical or config.critical or 0.10
+  local min_events = o.min_events or config.min_events or 0
+  local targets = {}
+  for m, v in pairs(config.targets or {}) do targets[m] = v end
+  for m, v in pairs(o.targets) do targets[m] = v end
+  local expected = next(config.expected_events or {}) and config.expected_events or nil
 
   -- the budget's window must be one the file stores, or nothing is imported
   local stored = {}
   for w in pairs(windows) do stored[#stored + 1] = w end
   table.sort(stored)
-  local window = o.window_s or stored[#stored] or 86400
+  local window = o.window_s or config.window or stored[#stored] or 86400
   if #stored > 0 and not windows[window] then
     local list = {}
     for i, w in ipairs(stored) do list[i] = ("%gs"):format(w) end
-    usage_error(("--window %s matches no window in %s (it has %s)"):format(o.window, o.state, table.concat(list, ", ")))
+    usage_error(("--window %s matches no window in %s (it has %s)"):format(o.window or ("%gs"):format(window),
+      o.state, table.concat(list, ", ")))
     return EXIT_USAGE
   end
 
   local copy = copy_to_temp(text)
-  local budget = captcha.budget{ target = o.slo, window = window, warning = o.warning, critical = o.critical,
-    min_events = o.min_events > 0 and o.min_events or nil, targets = o.targets, state = copy }
+  local budget = captcha.budget{ target = slo, window = window, warning = warning, critical = critical,
+    min_events = min_events > 0 and min_events or nil, targets = targets, expected_events = expected,
+    state = copy }
   local keys = budget:keys()
   if o.method then
     local known = false

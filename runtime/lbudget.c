@@ -50,6 +50,7 @@ typedef struct lbudget {
   int clock;
   int dirty;            /* events since the last save */
   char *state;          /* state file or NULL */
+  cJSON *config;        /* the SLO configuration, saved beside the counters */
   double save_every, last_save;
 } lbudget;
 
@@ -84,8 +85,13 @@ static int save_row(void *ud, const char *key, double window, double t, uint64_t
   return 0;
 }
 
-/* {"version":1, "clock":"wall"|"explicit", "now":t, "buckets":[[key, window, t, ok, fail]...]}
- * Monotonic times are stored as wall-clock times: uv_hrtime restarts at boot. */
+/* {"version":1, "clock":"wall"|"explicit", "now":t, "buckets":[[key, window, t, ok, fail]...],
+ *  "config":{"target":0.95, "targets":{key:t}, "warning":0.5, "critical":0.1,
+ *            "min_events":n, "expected_events":{key:n}, "window":s}}
+ * Monotonic times are stored as wall-clock times: uv_hrtime restarts at boot.
+ * "config" is what the budget was built with, for readers such as the gate; a
+ * load ignores it (the constructor's configuration wins) and files without it
+ * load as before. */
 static char *state_json(lbudget *b) {
   save_ctx s = {cJSON_CreateArray(), b->clock == CLOCK_MONO ? wall_now() - cr_now() : 0};
   cJSON *root = cJSON_CreateObject();
@@ -96,6 +102,7 @@ static char *state_json(lbudget *b) {
     cJSON_AddNumberToObject(root, "now", cr_budget_now(b->core) + s.shift);
     cJSON_AddItemToObject(root, "buckets", s.rows);
     s.rows = NULL; /* owned by root now */
+    if (b->config) cJSON_AddItemReferenceToObject(root, "config", b->config);
     txt = cJSON_PrintUnformatted(root);
   }
   cJSON_Delete(root);
@@ -215,6 +222,8 @@ static void budget_close(lbudget *b) {
   b->core = NULL;
   free(b->state);
   b->state = NULL;
+  cJSON_Delete(b->config);
+  b->config = NULL;
 }
 
 static void res_close(cr_resource *r) {
@@ -624,6 +633,17 @@ static void key_config(lua_State *L, lbudget *b, int targets, int expected, cons
   else if (lua_isinteger(L, expected) && strcmp(k, CR_BUDGET_ALL) == 0) ex = (uint64_t)lua_tointeger(L, expected);
   if (cr_budget_key_config(b->core, k, tg, ex) < 0)
     luaL_argerror(L, 1, lua_pushfstring(L, "key '%s': invalid name or too many keys", k));
+  if (!b->config) return;
+  if (strcmp(k, CR_BUDGET_ALL) != 0) {
+    cJSON *t = cJSON_GetObjectItemCaseSensitive(b->config, "targets");
+    cJSON_DeleteItemFromObjectCaseSensitive(t, k); /* named in both tables: once */
+    cJSON_AddNumberToObject(t, k, (double)tg / CR_PPB);
+  }
+  if (ex) {
+    cJSON *e = cJSON_GetObjectItemCaseSensitive(b->config, "expected_events");
+    cJSON_DeleteItemFromObjectCaseSensitive(e, k);
+    cJSON_AddNumberToObject(e, k, (double)ex);
+  }
 }
 
 static void key_configs(lua_State *L, lbudget *b, int64_t target) {
@@ -663,6 +683,26 @@ static void read_config(lua_State *L, cr_budget_config *c) {
   alerts_field(L, c);
 }
 
+/* The configuration as the state file stores it (see state_json); per-key
+ * targets and expected events are added by key_config. */
+static cJSON *config_json(const cr_budget_config *c) {
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return NULL;
+  cJSON_AddNumberToObject(o, "target", (double)c->target_ppb / CR_PPB);
+  cJSON_AddItemToObject(o, "targets", cJSON_CreateObject());
+  cJSON_AddNumberToObject(o, "warning", (double)c->warning_ppb / CR_PPB);
+  cJSON_AddNumberToObject(o, "critical", (double)c->critical_ppb / CR_PPB);
+  cJSON_AddNumberToObject(o, "min_events", (double)c->min_events);
+  cJSON_AddItemToObject(o, "expected_events", cJSON_CreateObject());
+  cJSON_AddNumberToObject(o, "window", c->window);
+  if (!cJSON_GetObjectItem(o, "targets") || !cJSON_GetObjectItem(o, "expected_events") ||
+      !cJSON_GetObjectItem(o, "window")) {
+    cJSON_Delete(o);
+    return NULL;
+  }
+  return o;
+}
+
 static void start_timer(lua_State *L, lbudget *b) {
   b->timer = cr_timer_new(b->rt, b);
   if (!b->timer) luaL_error(L, "out of memory");
@@ -698,6 +738,7 @@ static int lcr_budget_new(lua_State *L) {
   b->rt = rt;
   b->save_every = save_every;
   if (state && !(b->state = strdup(state))) return luaL_error(L, "out of memory");
+  if (!(b->config = config_json(&c))) return luaL_error(L, "out of memory");
   key_configs(L, b, c.target_ppb);
   if (b->state) budget_load(b);
   b->last_save = cr_now();

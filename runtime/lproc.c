@@ -55,8 +55,15 @@ static void close_all(proc *p) {
   close_handle((uv_handle_t *)&p->proc);
 }
 
+/* Done when the child has exited and its output ended, or, after the timeout,
+ * as soon as it has exited: a grandchild holding the pipes (sh -c "x &") must
+ * not outlive the caller's timeout. */
 static void maybe_done(proc *p) {
-  if (p->exited && p->streams_done == 2 && !p->cancelled) cr_wake(&p->w);
+  if (!p->exited || p->cancelled) return;
+  if (p->streams_done == 2 || p->timed_out) {
+    uv_timer_stop(&p->timer);
+    cr_wake(&p->w);
+  }
 }
 
 static void proc_exited(uv_process_t *h, int64_t status, int term_signal) {
@@ -64,7 +71,6 @@ static void proc_exited(uv_process_t *h, int64_t status, int term_signal) {
   p->exited = 1;
   p->status = status;
   p->term_signal = term_signal;
-  uv_timer_stop(&p->timer);
   maybe_done(p);
 }
 
@@ -102,7 +108,8 @@ static void on_written(uv_write_t *req, int status) {
 static void on_timeout(uv_timer_t *t) {
   proc *p = t->data;
   p->timed_out = 1;
-  uv_process_kill(&p->proc, SIGKILL);
+  if (!p->exited) uv_process_kill(&p->proc, SIGKILL);
+  maybe_done(p);
 }
 
 static int proc_deliver(lua_State *co, cr_wait *w) {
@@ -140,10 +147,11 @@ static int l_exec(lua_State *L) {
   int argc = (int)lua_rawlen(L, 1);
   luaL_argcheck(L, argc >= 1 && argc < MAX_ARGS, 1, "expected a list of 1..63 strings: program and arguments");
   char *args[MAX_ARGS];
+  luaL_checkstack(L, argc + 4, "too many arguments");
   for (int i = 0; i < argc; i++) {
     lua_rawgeti(L, 1, i + 1);
-    args[i] = (char *)luaL_checkstring(L, -1); /* anchored by the table */
-    lua_pop(L, 1);
+    /* kept on the stack: a number converted here is anchored only there */
+    args[i] = (char *)luaL_checkstring(L, -1);
   }
   args[argc] = NULL;
   lua_getfield(L, 1, "stdin");

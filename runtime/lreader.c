@@ -10,8 +10,9 @@
  * A regular file cannot be a libuv stream: for one, captcha.reader returns nil
  * and the caller reads it with io.lines (a local file read does not stall).
  *
- * Memory: the unread buffer; reading stops while more than READ_AHEAD bytes
- * wait for a reader, so a fast producer cannot fill the heap.
+ * Memory: the unread buffer; reading stops while more than READ_AHEAD bytes,
+ * a whole line among them, wait for a reader, so a fast producer cannot fill
+ * the heap (beyond its longest line).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -76,8 +77,11 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   if (n > 0) r->len += (size_t)n;
   else if (n == UV_EOF) r->eof = 1;
   else if (n < 0) { r->eof = 1; r->err = (int)n; }
-  if (r->eof || r->len > READ_AHEAD) { uv_read_stop(s); r->reading = 0; }
-  if (r->waiter && (r->eof || has_line(r))) cr_wake(&r->waiter->w);
+  int line = (r->waiter || r->len > READ_AHEAD) && has_line(r);
+  /* Stop only with a whole line buffered: a longer line than READ_AHEAD must
+   * keep coming, or its waiter would wait for ever. */
+  if (r->eof || (r->len > READ_AHEAD && line)) { uv_read_stop(s); r->reading = 0; }
+  if (r->waiter && (r->eof || line)) cr_wake(&r->waiter->w);
 }
 
 /* Push the next line (without its newline), the last unterminated piece at
@@ -199,8 +203,9 @@ static int lcr_reader_new(lua_State *L) {
   r->rt = rt;
   r->res.close = res_close;
   cr_resource_add(rt, &r->res);
-  if (rc != 0) {
-    lcr_reader_close(L);
+  if (rc != 0) { /* e.g. UV_EEXIST: the loop already reads this descriptor */
+    cr_resource_remove(rt, &r->res);
+    reader_close(r);
     lua_pushnil(L);
     lua_pushstring(L, uv_strerror(rc));
     return 2;

@@ -80,6 +80,17 @@ describe("captcha.alert.exec and captcha.exec", function()
     end)
   end)
 
+  it("keeps its timeout when the child exits but its output stays open", function()
+    captcha.run(function()
+      local t0 = captcha.now()
+      -- the background sleep inherits stdout and stderr: no EOF for 3 s
+      local r, err = captcha.exec{ "sh", "-c", "sleep 3 & echo started", timeout = 0.2 }
+      assert.is_nil(r)
+      assert.are.equal("timeout", err)
+      assert.is_true(captcha.now() - t0 < 2, "returned after " .. (captcha.now() - t0) .. " s")
+    end)
+  end)
+
   it("lets other tasks run while a child runs", function()
     captcha.run(function()
       local ticks = 0

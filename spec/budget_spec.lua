@@ -321,4 +321,33 @@ describe("captcha.budget", function()
     b2:close()
     os.remove(path)
   end)
+  it("stores its configuration in the state file, and still loads files without it", function()
+    local path = os.tmpname()
+    os.remove(path)
+    local b = captcha.budget{target = 0.9, window = "2h", warning = 0.4, critical = 0.05,
+      min_events = 7, targets = {turnstile = 0.98, base64 = 0.8},
+      expected_events = {["*"] = 1000, turnstile = 300}, state = path}
+    assert(b:record(true, {method = "turnstile", at = 5}))
+    b:close()
+    local saved = captcha.json.decode(assert(io.open(path)):read("a"))
+    assert.are.same({target = 0.9, targets = {turnstile = 0.98, base64 = 0.8}, warning = 0.4,
+                     critical = 0.05, min_events = 7, window = 7200,
+                     expected_events = {["*"] = 1000, turnstile = 300}}, saved.config)
+    -- an integer expected_events is the aggregate's; no per-key target: {}
+    b = captcha.budget{target = 0.95, window = 100, expected_events = 50, state = path}
+    b:close()
+    saved = captcha.json.decode(assert(io.open(path)):read("a"))
+    assert.are.same({target = 0.95, targets = {}, warning = 0.5, critical = 0.1, min_events = 0,
+                     window = 100, expected_events = {["*"] = 50}}, saved.config)
+    -- a file written before the config was stored loads as before
+    local f = assert(io.open(path, "w"))
+    f:write('{"version":1,"clock":"explicit","now":60,"buckets":[["*",100,10,19,0],["*",100,60,0,1]]}')
+    f:close()
+    b = captcha.budget{target = 0.95, window = 100, state = path}
+    local r = b:report()
+    assert.are.equal(20, r.total_events)
+    assert.are.equal("exhausted", r.status)
+    b:close()
+    os.remove(path)
+  end)
 end)

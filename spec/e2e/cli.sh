@@ -135,6 +135,31 @@ LUA
 expect_eq "$(cat "$TMP/out")" "$(printf 'one,two,three\tticked')" "captcha.reader on a slow pipe"
 "$CAPTCHARUN" -e 'print(require("captcha").reader(0))' < "$TMP/args.lua" > "$TMP/out"
 expect_eq "$(cat "$TMP/out")" "$(printf 'nil\tnot a pipe or a terminal')" "captcha.reader refuses a regular file"
+# a line longer than the read-ahead (1 MiB) still arrives: reading must not
+# stop while the waiting task has no complete line
+cat > "$TMP/longline.lua" <<'LUA'
+local captcha = require "captcha"
+local r = assert(captcha.reader(0))
+local a = r:line()
+print(#a, a:match("^a*$") ~= nil, r:line(), r:line())
+LUA
+{ head -c 2500000 /dev/zero | tr '\0' a; printf '\nend\n'; } |
+  timeout 20 "$CAPTCHARUN" "$TMP/longline.lua" > "$TMP/out" 2> "$TMP/err"
+expect_eq "$?:$(cat "$TMP/out")" "$(printf '0:2500000\ttrue\tend\tnil')" "captcha.reader: a 2.5 MB line"
+# a second reader on a descriptor the loop already reads is refused as a value
+mkfifo "$TMP/fifo"
+cat > "$TMP/reader2.lua" <<'LUA'
+local captcha = require "captcha"
+local r = assert(captcha.reader(0))
+local first = r:line()                   -- reading has started on fd 0
+local ok, r2, err = pcall(captcha.reader, 0)
+io.open(arg[1], "w"):close()             -- lets the writer finish
+print(first, ok, r2, err)
+r:close()
+LUA
+{ echo one; timeout 20 cat "$TMP/fifo" > /dev/null; } |
+  timeout 20 "$CAPTCHARUN" "$TMP/reader2.lua" "$TMP/fifo" > "$TMP/out" 2> "$TMP/err"
+expect_eq "$?:$(cat "$TMP/out")" "$(printf '0:one\ttrue\tnil\tfile already exists')" "captcha.reader on a busy descriptor"
 
 # the embedding example: a C program on the public header only
 if [ -x "${CR_BUILD:-.}/embed_example" ]; then

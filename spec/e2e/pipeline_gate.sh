@@ -60,6 +60,47 @@ expect_eq $? 0 "--method-slo loosens one type (10 of 20 failed at 0.40)"
 gate --state "$TMP/types.json" --method turnstile --slo 1 > /dev/null; expect_eq $? 0 "no failure at SLO 1 is healthy"
 gate --state "$TMP/types.json" --window 60m --method turnstile > /dev/null; expect_eq $? 0 "--window in other units"
 
+# ---- the gate judges with the configuration stored in the state file: base64
+# at 0.40 (10 of 20 failed: 16.7 % left, critical below 0.17), hcaptcha with
+# expected_events = 100 at 0.80 (3 failed of a budget of 20: healthy), the
+# aggregate at 0.80 (13 of 133 failed: 51 % left), window 1h among the alert's
+# 6h and 30m; each flag overrides its stored value
+cat > "$TMP/make_config_state.lua" <<'LUA'
+local captcha = require "captcha"
+local b = captcha.budget{ target = 0.80, window = "1h", warning = 0.20, critical = 0.17,
+  min_events = 5, targets = { base64 = 0.40 }, expected_events = { hcaptcha = 100 },
+  alerts = { { name = "page", long = "6h", short = "30m", burn = 14.4 } }, state = arg[1] }
+local function rec(m, ok, fail)
+  for _ = 1, ok do b:record(true, { method = m }) end
+  for _ = 1, fail do b:record(false, { method = m }) end
+end
+rec("turnstile", 100, 0) rec("base64", 10, 10) rec("hcaptcha", 10, 3)
+b:close()
+LUA
+timeout 30 "$CAPTCHARUN" "$TMP/make_config_state.lua" "$TMP/config.json"; expect_eq $? 0 "state file with a configuration"
+gate --state "$TMP/config.json" > "$TMP/out"; expect_eq $? 0 "stored config: open (no key exhausted)"
+expect_grep "^base64 *critical *0.4 " "$TMP/out" "stored per-type target and thresholds"
+expect_grep "^hcaptcha *healthy" "$TMP/out" "stored expected_events"
+expect_grep "^\* *healthy *0.8 *133 *13" "$TMP/out" "stored target"
+gate --state "$TMP/config.json" --json > "$TMP/out"
+expect_eq "$(jq -r '.window' "$TMP/out")" 3600 "stored window, not the longest in the file"
+gate --state "$TMP/config.json" --fail-on critical > /dev/null; expect_eq $? 3 "stored critical threshold closes at critical"
+gate --state "$TMP/config.json" --fail-on critical --critical 0.10 > "$TMP/out"; expect_eq $? 0 "--critical overrides"
+expect_grep "^base64 *warning" "$TMP/out" "--critical overrides: base64 only warning"
+gate --state "$TMP/config.json" --method base64 --method-slo base64=0.95 > /dev/null; expect_eq $? 3 "--method-slo overrides"
+gate --state "$TMP/config.json" --slo 0.95 --method "*" > /dev/null; expect_eq $? 3 "--slo overrides"
+gate --state "$TMP/config.json" --slo 0.95 --method base64 > /dev/null; expect_eq $? 0 "--slo keeps stored per-type targets"
+gate --state "$TMP/config.json" --min-events 1000 --fail-on warning > /dev/null; expect_eq $? 0 "--min-events overrides"
+gate --state "$TMP/config.json" --window 6h --json > "$TMP/out"; expect_eq "$(jq -r '.window' "$TMP/out")" 21600 "--window overrides"
+jq '.config.target = "high"' "$TMP/config.json" > "$TMP/badconfig.json"
+gate --state "$TMP/badconfig.json" > /dev/null 2> "$TMP/err"; expect_eq $? 2 "damaged stored config"
+expect_grep "bad stored configuration field 'target'" "$TMP/err" "damaged stored config message"
+# a file written before the configuration was stored: the defaults, as before
+jq 'del(.config)' "$TMP/config.json" > "$TMP/old.json"
+gate --state "$TMP/old.json" --window 1h > "$TMP/out"; expect_eq $? 3 "old file: defaults (0.95)"
+expect_grep "^\* *exhausted *0.95 *133 *13" "$TMP/out" "old file: default target"
+gate --help > "$TMP/out"; expect_grep "stored in the" "$TMP/out" "--help documents the stored configuration"
+
 # ---- usage errors: status 2 and a one-line hint
 gate > /dev/null 2> "$TMP/err"; expect_eq $? 2 "no --state"
 expect_grep "Try 'captcharun pipelines/gate.lua --help'" "$TMP/err" "usage hint"
