@@ -87,6 +87,19 @@ void cr_spawn(lua_State *L, int nargs);
  * failing the process. */
 void cr_spawn_hook(lua_State *L, int nargs, const char *what);
 
+/* Deferred C work: a libuv callback that has Lua work to do (fire hooks, build
+ * reports) queues it here; the runner calls fn from its idle phase, under a
+ * protected call, on the scheduler's scratch thread, never inside the callback.
+ * Queuing a queued item is a no-op; an owner that goes away first cancels it. */
+typedef struct cr_deferred cr_deferred;
+struct cr_deferred {
+  void (*fn)(lua_State *L, cr_deferred *d);
+  cr_deferred *next;
+  int queued;
+};
+void cr_defer(cr_runtime *rt, cr_deferred *d);
+void cr_defer_cancel(cr_runtime *rt, cr_deferred *d);
+
 /* Resources with OS handles (timers, servers, curl) register here so that
  * shutdown can close them before the loop is closed. close() must uv_close its
  * handles (freeing memory in the close callbacks or later) and is called at most

@@ -52,6 +52,7 @@ typedef struct lbudget {
   char *state;          /* state file or NULL */
   cJSON *config;        /* the SLO configuration, saved beside the counters */
   double save_every, last_save;
+  cr_deferred tick;     /* the timer's Lua work, run from the runner */
 } lbudget;
 
 /* registry[&weak_key] = { [lightuserdata b] = userdata } with weak values: the
@@ -218,6 +219,7 @@ static void budget_close(lbudget *b) {
   if (!b->core) return;
   budget_save(b);
   cr_timer_free(&b->timer);
+  cr_defer_cancel(b->rt, &b->tick);
   cr_budget_free(b->core);
   b->core = NULL;
   free(b->state);
@@ -358,18 +360,19 @@ static int tick_protected(lua_State *L) {
   return 0;
 }
 
-/* Lua work from a libuv callback runs under pcall on the main thread, with the
- * budget pinned on its stack so a collection cannot free it underneath. */
+/* From the runner (cr_defer), protected, with the budget pinned on the
+ * stack so a collection cannot free it underneath. */
+static void tick_deferred(lua_State *L, cr_deferred *d) {
+  lbudget *b = (lbudget *)((char *)d - offsetof(lbudget, tick));
+  lua_pushlightuserdata(L, b);
+  tick_protected(L);
+}
+
+/* The callback only queues the work: no Lua runs inside a libuv callback. */
 static void timer_cb(uv_timer_t *t) {
   lbudget *b = t->data;
   if (!b || !b->core) return;
-  lua_State *L = cr_rt_main(b->rt);
-  int top = lua_gettop(L);
-  lua_pushcfunction(L, tick_protected);
-  lua_pushlightuserdata(L, b);
-  if (lua_pcall(L, 1, 0, 0) != LUA_OK)
-    cr_logf(CR_LOG_ERROR, "budget timer: %s", lua_tostring(L, -1));
-  lua_settop(L, top);
+  cr_defer(b->rt, &b->tick);
 }
 
 /* ---- methods ---- */
@@ -736,6 +739,7 @@ static int lcr_budget_new(lua_State *L) {
   if (rc < 0) return rc == -ENOMEM ? luaL_error(L, "out of memory")
                                    : luaL_argerror(L, 1, "invalid budget configuration");
   b->rt = rt;
+  b->tick.fn = tick_deferred;
   b->save_every = save_every;
   if (state && !(b->state = strdup(state))) return luaL_error(L, "out of memory");
   if (!(b->config = config_json(&c))) return luaL_error(L, "out of memory");

@@ -11,6 +11,7 @@ struct cr_runtime {
   uv_idle_t runner;          /* resumes ready tasks outside any callback */
   cr_task *ready_head, *ready_tail;
   cr_task *pass_head;        /* the runner's current pass, still to resume */
+  cr_deferred *deferred, *deferred_tail; /* C work queued by callbacks */
   cr_task *tasks;            /* every unfinished task, for cancel and deadlock reports */
   int live;                  /* unfinished tasks */
   int driving;               /* inside cr_drive */

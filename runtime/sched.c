@@ -312,9 +312,56 @@ static void resume_task(cr_runtime *rt, cr_task *t) {
   task_release(t);
 }
 
+/* ---- deferred C work ---- */
+
+void cr_defer(cr_runtime *rt, cr_deferred *d) {
+  if (d->queued || rt->closing) return;
+  d->queued = 1;
+  d->next = NULL;
+  if (rt->deferred_tail) rt->deferred_tail->next = d;
+  else rt->deferred = d;
+  rt->deferred_tail = d;
+  if (!uv_is_active((uv_handle_t *)&rt->runner)) uv_idle_start(&rt->runner, runner_cb);
+}
+
+void cr_defer_cancel(cr_runtime *rt, cr_deferred *d) {
+  if (!d->queued) return;
+  cr_deferred **p = &rt->deferred, *prev = NULL;
+  while (*p && *p != d) { prev = *p; p = &(*p)->next; }
+  if (*p) *p = d->next;
+  if (rt->deferred_tail == d) rt->deferred_tail = prev;
+  d->queued = 0;
+  d->next = NULL;
+}
+
+static int deferred_protected(lua_State *L) {
+  cr_deferred *d = lua_touserdata(L, 1);
+  lua_settop(L, 0);
+  d->fn(L, d);
+  return 0;
+}
+
+static void run_deferred(cr_runtime *rt) {
+  lua_State *L = rt->L;
+  while (rt->deferred) {
+    cr_deferred *d = rt->deferred;
+    rt->deferred = d->next;
+    if (!rt->deferred) rt->deferred_tail = NULL;
+    d->queued = 0;
+    d->next = NULL;
+    int top = lua_gettop(L);
+    lua_pushcfunction(L, deferred_protected);
+    lua_pushlightuserdata(L, d);
+    if (lua_pcall(L, 1, 0, 0) != LUA_OK)
+      cr_logf(CR_LOG_ERROR, "deferred work failed: %s", lua_tostring(L, -1));
+    lua_settop(L, top);
+  }
+}
+
 static void runner_cb(uv_idle_t *h) {
   cr_runtime *rt = h->data;
   if (rt->pending_signal) cr_signals_dispatch(rt);
+  if (rt->deferred) run_deferred(rt);
   /* this pass: the queue as it stands; tasks woken meanwhile wait for the next */
   rt->pass_head = rt->ready_head;
   rt->ready_head = rt->ready_tail = NULL;
@@ -330,7 +377,7 @@ static void runner_cb(uv_idle_t *h) {
     rt->pass_head = t->next_ready;
     enqueue(t);
   }
-  if (!rt->ready_head || rt->exit_requested) uv_idle_stop(&rt->runner);
+  if ((!rt->ready_head && !rt->deferred) || rt->exit_requested) uv_idle_stop(&rt->runner);
 }
 
 /* ---- spawning ---- */
