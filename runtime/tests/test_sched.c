@@ -141,6 +141,49 @@ static void test_wait_then_raise(void) {
   cr_runtime_close(rt);
 }
 
+/* cr_defer: a callback queues Lua work; it runs once, later, from the runner. */
+static int deferred_runs, in_callback;
+static cr_deferred dfr, dfr_cancelled;
+static uv_timer_t dtimer;
+
+static void deferred_fn(lua_State *L, cr_deferred *d) {
+  (void)d;
+  CHECK(!in_callback);
+  deferred_runs++;
+  lua_pushinteger(L, deferred_runs);
+  lua_setglobal(L, "deferred_runs");
+}
+
+static void dtimer_cb(uv_timer_t *h) {
+  cr_runtime *rt = h->data;
+  in_callback = 1;
+  cr_defer(rt, &dfr);
+  cr_defer(rt, &dfr);          /* already queued: no second run */
+  cr_defer(rt, &dfr_cancelled);
+  cr_defer_cancel(rt, &dfr_cancelled);
+  in_callback = 0;
+  uv_close((uv_handle_t *)h, NULL);
+}
+
+static void test_defer(void) {
+  cr_runtime *rt = new_rt();
+  lua_State *L = cr_runtime_lua(rt);
+  dfr.fn = deferred_fn;
+  dfr_cancelled.fn = deferred_fn;
+  uv_timer_init(cr_runtime_loop(rt), &dtimer);
+  dtimer.data = cr_rt_get(L);
+  uv_timer_start(&dtimer, dtimer_cb, 1, 0);
+  int st = cr_runtime_run_string(rt,
+      "local c = require 'captcha'\n"
+      "while not deferred_runs do c.sleep(0.002) end\n"
+      "c.sleep(0.01)\n"
+      "assert(deferred_runs == 1, 'ran ' .. deferred_runs .. ' times')\n", "=t6");
+  CHECK_EQ_INT(st, 0);
+  CHECK_EQ_INT(deferred_runs, 1);
+  CHECK_EQ_INT(cr_runtime_check_leaks(rt), 0);
+  cr_runtime_close(rt);
+}
+
 static void test_leak_check_fails(void) {
   cr_runtime *rt = new_rt();
   uv_timer_t *leaked = malloc(sizeof *leaked);
@@ -157,6 +200,7 @@ int main(void) {
   test_shutdown_cancels();
   test_deadlock();
   test_wait_then_raise();
+  test_defer();
   test_leak_check_fails();
   return CHECK_DONE();
 }
