@@ -39,6 +39,8 @@ struct cr_http_pool {
   cr_http *h;                 /* NULL once the engine is closed */
   int limit, active, queued;
   int released;
+  int pumping;                /* pool_pump on the stack: a failed admission
+                                 completes a call in it, which must not free p */
   cr_http_call *qhead, *qtail;
   cr_http_pool *prev, *next;  /* the engine's pools */
 };
@@ -271,7 +273,7 @@ static void easy_release(cr_http *h, CURL *e) {
 }
 
 static void pool_maybe_free(cr_http_pool *p) {
-  if (!p->released || p->active || p->queued) return;
+  if (!p->released || p->active || p->queued || p->pumping) return;
   if (p->h) {
     cr_http *h = p->h;
     if (p->prev) p->prev->next = p->next; else h->pools = p->next;
@@ -363,7 +365,9 @@ static void drain(cr_http *h) {
   }
 }
 
+/* Admits queued calls; its callers then call pool_maybe_free. */
 static void pool_pump(cr_http_pool *p) {
+  p->pumping++;
   while (p->h && p->active < p->limit && p->qhead) {
     cr_http_call *c = p->qhead;
     p->qhead = c->qnext;
@@ -376,6 +380,7 @@ static void pool_pump(cr_http_pool *p) {
     }
     c->in_multi = 1;
   }
+  p->pumping--;
 }
 
 /* ---- building a request ----------------------------------------------- */
@@ -501,6 +506,11 @@ int cr_http_request(cr_http *h, const cr_http_req *rq, cr_http_cb cb, void *ud,
   c->ud = ud;
   c->easy = h->nspare ? h->spare[--h->nspare] : curl_easy_init();
   int rc = c->easy ? configure(c, rq) : CR_HTTP_ENOMEM;
+  /* Admitted here rather than by pool_pump, so that a failure is returned: the
+   * callback is never called from inside this function. */
+  cr_http_pool *p = c->pool;
+  int admit = !p->qhead && p->active < p->limit;
+  if (!rc && admit && curl_multi_add_handle(h->multi, c->easy) != CURLM_OK) rc = CR_HTTP_ENOMEM;
   if (rc) {
     curl_slist_free_all(c->hdrs);
     curl_mime_free(c->mime);
@@ -511,13 +521,16 @@ int cr_http_request(cr_http *h, const cr_http_req *rq, cr_http_cb cb, void *ud,
   c->next = h->calls;
   if (h->calls) h->calls->prev = c;
   h->calls = c;
-  cr_http_pool *p = c->pool;
-  if (p->qtail) p->qtail->qnext = c; else p->qhead = c;
-  p->qtail = c;
-  p->queued++;
+  if (admit) {
+    c->in_multi = 1;
+    p->active++;
+  } else {
+    if (p->qtail) p->qtail->qnext = c; else p->qhead = c;
+    p->qtail = c;
+    p->queued++;
+  }
   h->st.requests++;
   if (out) *out = c;
-  pool_pump(p);
   return 0;
 }
 

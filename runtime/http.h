@@ -106,6 +106,8 @@ cr_http *cr_http_new(uv_loop_t *loop, const cr_http_opts *o);
  * the libuv handles; memory goes in the close callbacks (run the loop). */
 void cr_http_close(cr_http *h);
 
+/* On an error code, cb is never called; on 0, cb is called later from the
+ * loop, never before cr_http_request returns. */
 int cr_http_request(cr_http *h, const cr_http_req *req, cr_http_cb cb, void *ud,
                     cr_http_call **out);
 /* Removes the request synchronously (closing its connection if it was mid-way);

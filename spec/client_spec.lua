@@ -323,6 +323,25 @@ describe("captcha.client", function()
     end)
   end)
 
+  it("a hung batch poll does not outlive the tasks' timeout", function()
+    captcha.run(function()
+      local srv = captcha.http.serve{ handler = function(req)
+        if req.path == "/in.php" then return 200, nil, '{"status":1,"request":"1"}' end
+        req:hang()                                 -- res.php?ids= never answers
+      end }
+      local c = clientmod.new{ key = KEY, base_url = srv.url, provider = "2captcha", first_poll = 0.01,
+        batch_window = 0.005, timeout = 0.3, request_timeout = 20 }
+      local t0 = captcha.now()
+      local r, err, code = c:solve(TASKS[1])
+      local took = captcha.now() - t0
+      srv:close()
+      assert.is_nil(r)
+      assert.is_string(code, err)
+      -- the request timeout (20 s) must be cut to the task's deadline (+0.5 s)
+      assert.is_true(took < 2, "solve took " .. took .. " s for a 0.3 s timeout")
+    end)
+  end)
+
   it("submit/poll/balance/report for self-scheduling", function()
     with_mock({ latency = 0.02 }, function(mock)
       local c = quick(mock)

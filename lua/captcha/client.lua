@@ -487,9 +487,11 @@ local function batch_run(self, b)
   -- one request: one res.php call instead of N.
   if self.batch_window > 0 then sleep(self.batch_window) else captcha.yield() end
   if self._batch == b then self._batch = nil end
-  local ids = {}
-  for i = 1, b.n do ids[i] = b.jobs[i].id end
-  local ok, val, msg, class = self:_api("res", { action = "get", ids = concat(ids, ",") })
+  -- The earliest deadline bounds the request, as a single poll's would: a hung
+  -- batch must not hold every task in it past its timeout.
+  local ids, deadline = {}, math.huge
+  for i = 1, b.n do ids[i] = b.jobs[i].id; deadline = min(deadline, b.jobs[i].deadline) end
+  local ok, val, msg, class = self:_api("res", { action = "get", ids = concat(ids, ",") }, deadline)
   if not ok then
     b.error = { false, val, msg, class }
     return

@@ -1,11 +1,24 @@
 /* test_http.c: the curl-multi-on-libuv engine against the in-process server.
  * No timing assertions: every wait is "run the loop until N callbacks". */
+#define _GNU_SOURCE
 #include "check.h"
 #include "http.h"
 #include "server.h"
 
+#include <curl/curl.h>
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Fault injection: the engine's next fail_add calls to curl_multi_add_handle
+ * fail as if out of memory (this definition wins over libcurl's). */
+static int fail_add;
+CURLMcode curl_multi_add_handle(CURLM *m, CURL *e) {
+  static CURLMcode (*real)(CURLM *, CURL *);
+  if (fail_add > 0) { fail_add--; return CURLM_OUT_OF_MEMORY; }
+  if (!real) *(void **)&real = dlsym(RTLD_NEXT, "curl_multi_add_handle");
+  return real(m, e);
+}
 
 enum { M_ANSWER, M_ECHO, M_HANG, M_RESET, M_GARBAGE, M_DEFER, M_BIG, M_S500 };
 
@@ -224,6 +237,40 @@ static void test_cancel(cr_http *h) {
   CHECK_EQ_INT(o1.done + o2.done, 0);
 }
 
+/* curl_multi_add_handle failing: the request fails at once (no callback from
+ * inside cr_http_request, no dangling *out), and a queued call that fails to be
+ * admitted completes from the loop without touching its freed pool. */
+static void test_admit_failure(cr_http *h) {
+  mode = M_ANSWER;
+  outcome o = {0};
+  cr_http_call *c = NULL;
+  cr_http_req rq = { .url = url, .timeout = 5 };
+  fail_add = 1;
+  int rc = cr_http_request(h, &rq, on_done, &o, &c);
+  fail_add = 0;
+  CHECK_EQ_INT(o.done, 0);                 /* never called back from inside the call */
+  if (rc == 0 && o.done == 0) { pending = 1; run_until_done(); CHECK_EQ_INT(o.err, CR_HTTP_ENOMEM); }
+  else { CHECK_EQ_INT(rc, CR_HTTP_ENOMEM); CHECK(c == NULL); }
+
+  cr_http_pool *p = cr_http_pool_new(h, 1);
+  outcome o1 = {0}, o2 = {0};
+  rq.pool = p;
+  CHECK_EQ_INT(cr_http_request(h, &rq, on_done, &o1, NULL), 0);
+  CHECK_EQ_INT(cr_http_request(h, &rq, on_done, &o2, NULL), 0);   /* queued */
+  cr_http_pool_release(p);                 /* freed once idle */
+  fail_add = 1;                            /* the queued call's admission fails */
+  pending = 2;
+  run_until_done();
+  fail_add = 0;
+  CHECK_EQ_INT(o1.done, 1);
+  CHECK_EQ_INT(o1.err, 0);
+  CHECK_EQ_INT(o2.done, 1);
+  CHECK_EQ_INT(o2.err, CR_HTTP_ENOMEM);
+  cr_http_stats st;
+  cr_http_get_stats(h, &st);
+  CHECK_EQ_INT(st.active + st.queued, 0);
+}
+
 static void test_close_pending(cr_http *h) {
   mode = M_HANG;
   outcome o = {0};
@@ -252,6 +299,7 @@ int main(void) {
   test_refused(h);
   test_pool_and_keepalive(h);
   test_cancel(h);
+  test_admit_failure(h);
   test_close_pending(h);
   cr_server_close(srv);
   uv_close((uv_handle_t *)&defer_timer, NULL);
