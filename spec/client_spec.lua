@@ -342,6 +342,34 @@ describe("captcha.client", function()
     end)
   end)
 
+  it("keeps bookkeeping fields to itself, trims plain answers, polls once before a short timeout", function()
+    local form
+    local polls = 0
+    captcha.run(function()
+      local srv = captcha.http.serve{ handler = function(req)
+        if req.path == "/in.php" then
+          form = req.form
+          return 200, nil, "OK|4242\r\n"            -- plain answer with a CRLF
+        end
+        polls = polls + 1
+        return 200, nil, "OK|TOKEN\r\n"
+      end }
+      -- turnstile's first poll is 10 s; the task's timeout is 0.3 s
+      local c = clientmod.new{ key = KEY, base_url = srv.url }
+      local r, err = c:solve{ id = "row-17", first_poll = 10, method = "turnstile", sitekey = "SK",
+                              pageurl = "https://p/", timeout = 0.3 }
+      assert.has_error(function() c:solve{ method = "turnstile", sitekey = "SK", pageurl = "https://p/", timeout = 0 } end)
+      srv:close()
+      assert.is_table(r, err)
+      assert.equal("4242", r.id)
+      assert.equal("TOKEN", r.answer)
+    end)
+    assert.equal(1, polls)
+    assert.is_nil(form.id)
+    assert.is_nil(form.first_poll)
+    assert.equal("SK", form.sitekey)
+  end)
+
   it("submit/poll/balance/report for self-scheduling", function()
     with_mock({ latency = 0.02 }, function(mock)
       local c = quick(mock)

@@ -43,9 +43,11 @@ M.profiles = {
 -- PROTOCOL.md: 5 s for images, 15-20 s for reCAPTCHA and GeeTest, 10 s Turnstile.
 M.first_poll = { base64 = 5, post = 5, userrecaptcha = 15, geetest = 15, turnstile = 10, default = 10 }
 
--- Task fields the client consumes itself (never sent as they are).
+-- Task fields the client consumes itself (never sent as they are), and the
+-- pipeline's bookkeeping (`id` names a task in a results file, not at the provider).
 local reserved = { method = true, body = true, file = true, base64 = true, sitekey = true,
-  timeout = true, version = true, invisible = true, enterprise = true, filename = true }
+  timeout = true, version = true, invisible = true, enterprise = true, filename = true,
+  first_poll = true, id = true }
 
 local function fail(msg) error(msg, 3) end
 
@@ -111,7 +113,7 @@ local function parse_answer(body)
     end
     return false, "BAD_RESPONSE"
   end
-  local v = body:match("^OK|(.*)$")
+  local v = body:match("^OK|(.-)%s*$")
   if v then return true, v end
   local line = body:gsub("%s+$", "")
   if errors.is_code(line) then return false, line end
@@ -325,6 +327,11 @@ end
 function Client:_await_answer(job)
   local first = job.first_poll or self.first_poll[job.method] or self.first_poll.default
   local t = now() + first
+  if t >= job.deadline then
+    -- a timeout shorter than the first-poll delay: the submit is paid, so
+    -- look once just before giving up rather than never
+    t = job.deadline - min(1, (job.deadline - now()) / 10)
+  end
   local errs = 0
   while true do
     local remaining = job.deadline - now()
@@ -444,6 +451,7 @@ function Client:solve(task)
     return nil, "BAD_TASK: " .. redact(self, parts), "BAD_TASK"
   end
   local timeout = tonumber(task.timeout) or self.timeout
+  if timeout <= 0 then fail("bad argument #1 to 'solve' (timeout must be > 0 seconds)") end
   local job = { method = task.method, fields = fields, parts = parts, start = start,
     deadline = start + timeout, polls = 0, submit_attempts = 0, resubmits = 0,
     first_poll = task.first_poll }
