@@ -48,7 +48,7 @@ int cr_open_module(lua_State *L) {
   if (lua_istable(L, -1)) return 1; /* opened once per state */
   lua_pop(L, 1);
   /* one runtime per Lua state: the embedding host made it already, or we do */
-  if (!cr_rt_find(L)) cr_rt_create(L, 0);
+  if (!cr_rt_find(L)) cr_rt_create(L);
   lua_newtable(L);
   cr_sched_open(L);
   cr_signals_open(L);

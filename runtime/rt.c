@@ -208,7 +208,7 @@ static int rt_gc(lua_State *L) {
   return 0;
 }
 
-cr_runtime *cr_rt_create(lua_State *L, int owns_L) {
+cr_runtime *cr_rt_create(lua_State *L) {
   cr_runtime *rt = lua_newuserdatauv(L, sizeof *rt, 0);
   memset(rt, 0, sizeof *rt);
   int err = uv_loop_init(&rt->loop);
@@ -219,7 +219,6 @@ cr_runtime *cr_rt_create(lua_State *L, int owns_L) {
   }
   lua_setmetatable(L, -2);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &rt_key);
-  rt->owns_L = owns_L;
   rt->L = lua_newthread(L); /* scratch thread for the scheduler's own pushes */
   rt->scratch_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
@@ -305,7 +304,7 @@ cr_runtime *cr_runtime_new(const cr_options *opt) {
   set_paths(L, dir);
   set_arg(L, o);
   cr_log_configure(o->log_level, o->log_format);
-  cr_rt_create(L, 1);
+  cr_rt_create(L);
   lua_pushcfunction(L, cr_open_module);
   lua_call(L, 0, 1);
   lua_getglobal(L, "package");

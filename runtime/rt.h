@@ -7,7 +7,6 @@
 struct cr_runtime {
   uv_loop_t loop;
   lua_State *L;              /* scratch thread: never runs, safe to push on from the scheduler */
-  int owns_L;                /* embedded host (1) or module loaded by another host (0) */
   uv_idle_t runner;          /* resumes ready tasks outside any callback */
   cr_task *ready_head, *ready_tail;
   cr_task *pass_head;        /* the runner's current pass, still to resume */
@@ -44,7 +43,6 @@ void cr_spawn_main(cr_runtime *rt, lua_State *L, int nargs);
 int cr_drive(cr_runtime *rt);
 void cr_sched_shutdown(cr_runtime *rt);   /* cancel every task */
 void cr_sched_open(lua_State *L);         /* task functions into the table at -1 */
-int cr_main_status(cr_runtime *rt);
 
 int cr_main_failed(cr_runtime *rt, lua_State *L); /* handle of the main task at -1 */
 
@@ -54,7 +52,7 @@ void cr_signals_dispatch(cr_runtime *rt);
 
 /* log.c */
 void cr_log_configure(int level, int format);
-cr_runtime *cr_rt_create(lua_State *L, int owns_L);
+cr_runtime *cr_rt_create(lua_State *L);
 cr_runtime *cr_rt_find(lua_State *L);      /* NULL if none */
 void cr_rt_destroy(cr_runtime *rt);
 void cr_rt_request_exit(cr_runtime *rt, int code);

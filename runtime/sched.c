@@ -747,8 +747,6 @@ void cr_sched_open(lua_State *L) {
   luaL_setfuncs(L, funcs, 0);
 }
 
-int cr_main_status(cr_runtime *rt) { return rt->exit_requested ? rt->exit_code : rt->failed; }
-
 /* After a run: print the main task's error like lua.c does; 1 if it failed. */
 int cr_main_failed(cr_runtime *rt, lua_State *L) {
   task_handle *h = luaL_checkudata(L, -1, TASK_MT);
