@@ -11,6 +11,9 @@
 -- interrupted (the output stays valid JSONL; rerun with --resume).
 local captcha = require "captcha"
 local argparse = require "argparse"
+local cli = require "captcha.cli"
+
+local usage_error = cli.usage_error("batch.lua", "captcharun pipelines/batch.lua")
 
 local function parse_args(args)
   local p = argparse("captcharun pipelines/batch.lua",
@@ -53,25 +56,27 @@ For authorized QA, staging and monitoring pipelines only.]])
   p:option("--mock-unsolvable", "Mock unsolvable rate (with --mock).", "0.02"):convert(tonumber)
   p:option("--mock-seed", "Mock random seed (with --mock).", "1"):convert(math.tointeger)
   local ok, res = p:pparse(args)
-  if not ok then
-    io.stderr:write("batch.lua: ", res, "\nTry 'captcharun pipelines/batch.lua --help' for more information.\n")
-    return nil
-  end
+  if not ok then return usage_error(res) end
   for _, k in ipairs({ "slo", "warning", "critical", "rate", "burst", "concurrency", "poll_interval",
                        "timeout", "drain_timeout", "min_events", "mock_latency", "mock_unsolvable",
                        "retry_cap" }) do
     if res[k] == nil then
-      io.stderr:write("batch.lua: --", k:gsub("_", "-"), " needs a number\n")
-      return nil
+      return usage_error("--" .. k:gsub("_", "-") .. " needs a number")
     end
   end
+  for _, k in ipairs({ "slo", "warning", "critical", "mock_unsolvable" }) do
+    if not cli.fraction(res[k]) then
+      return usage_error(("--%s: a number in [0, 1] expected, got %s"):format(k:gsub("_", "-"), res[k]))
+    end
+  end
+  for _, k in ipairs({ "rate", "burst", "concurrency", "timeout" }) do
+    if res[k] <= 0 then return usage_error(("--%s must be > 0"):format(k)) end
+  end
   if res.retry_base and not tonumber(res.retry_base) then
-    io.stderr:write("batch.lua: --retry-base needs a number\n")
-    return nil
+    return usage_error("--retry-base needs a number")
   end
   if res.first_poll and not tonumber(res.first_poll) then
-    io.stderr:write("batch.lua: --first-poll needs a number\n")
-    return nil
+    return usage_error("--first-poll needs a number")
   end
   return res
 end
@@ -101,7 +106,7 @@ local function main(args)
   else
     local err
     key, err = read_key(o)
-    if not key then io.stderr:write("batch.lua: ", err, "\n") return 2 end
+    if not key then usage_error(err) return 2 end
   end
   captcha.log.secret(key)
   local first_poll = tonumber(o.first_poll)

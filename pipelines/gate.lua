@@ -27,16 +27,9 @@ local NAME = "captcharun pipelines/gate.lua"
 local RANK = { healthy = 0, warning = 1, critical = 2, exhausted = 3 }
 local EXIT_OPEN, EXIT_CLOSED, EXIT_USAGE = 0, 3, 2
 
-local function usage_error(msg)
-  io.stderr:write("gate.lua: ", msg, "\nTry '", NAME, " --help' for more information.\n")
-  return nil
-end
-
-local function fraction(s)
-  local v = tonumber(s)
-  if v and v >= 0 and v <= 1 then return v end
-  return nil
-end
+local cli = require "captcha.cli"
+local usage_error = cli.usage_error("gate.lua", NAME)
+local fraction = cli.fraction
 
 -- "24h", "30m", "90s", "500ms", "1h30m" or seconds, as the budget reads them.
 local UNITS = { ms = 0.001, s = 1, m = 60, h = 3600, d = 86400, w = 604800 }

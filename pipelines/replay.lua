@@ -22,16 +22,9 @@ local json = captcha.json
 
 local NAME = "captcharun pipelines/replay.lua"
 
-local function usage_error(msg)
-  io.stderr:write("replay.lua: ", msg, "\nTry '", NAME, " --help' for more information.\n")
-  return nil
-end
-
-local function fraction(s)
-  local v = tonumber(s)
-  if v and v >= 0 and v <= 1 then return v end
-  return nil
-end
+local cli = require "captcha.cli"
+local usage_error = cli.usage_error("replay.lua", NAME)
+local fraction = cli.fraction
 
 local function parse_args(args)
   local p = argparse(NAME, "Replay a run's results through an error budget and show when its hooks would fire.")
