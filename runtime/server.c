@@ -518,6 +518,20 @@ static int on_field(http_parser *p, const char *at, size_t n) { return add_piece
 static int on_value(http_parser *p, const char *at, size_t n) { return add_piece(p, CB_VALUE, at, n); }
 static int on_body(http_parser *p, const char *at, size_t n) { return add_piece(p, CB_BODY, at, n); }
 
+/* An HTTP/1.1 request with a body and "Expect: 100-continue" (names are
+ * lower-cased by now; the value is compared without case). */
+static int expects_continue(http_parser *p, cr_request *r) {
+  if (p->http_major != 1 || p->http_minor < 1) return 0;
+  if (!((p->flags & F_CONTENTLENGTH) && p->content_length > 0) && !(p->flags & F_CHUNKED)) return 0;
+  for (int i = 0; i < r->nh; i++) {
+    const hdr *h = &r->hdrs[i];
+    if (h->nl == 6 && memcmp(r->buf + h->no, "expect", 6) == 0 && h->vl == 12 &&
+        strncasecmp(r->buf + h->vo, "100-continue", 12) == 0)
+      return 1;
+  }
+  return 0;
+}
+
 static int on_headers_complete(http_parser *p) {
   conn *c = CONN(p);
   cr_request *r = c->cur;
@@ -528,6 +542,12 @@ static int on_headers_complete(http_parser *p) {
     }
   /* Returning 1 here would mean "no body", not an error: refuse with -1. */
   if ((p->flags & F_CONTENTLENGTH) && p->content_length > c->srv->o.max_body) return -refuse(c, 413);
+  if (expects_continue(p, r) && !c->head) {
+    /* the client holds the body back until told (curl -F waits 1 s); only
+     * when no earlier answer is owed, so the interim reply cannot overtake it */
+    conn_send(c, "HTTP/1.1 100 Continue\r\n\r\n", 25, NULL);
+    if (c->closing) return -1;
+  }
   /* Reserve the body in one go when its length is announced. */
   if ((p->flags & F_CONTENTLENGTH) && req_reserve(r, r->len + p->content_length))
     return -refuse(c, 500);

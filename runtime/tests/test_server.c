@@ -60,8 +60,8 @@ static void on_stop(uv_async_t *a) {
   cr_server_get_stats(srv, &st);
   cr_server_get_stats(srv_small, &sm);
   CHECK_EQ_INT(st.bad_requests, 3);   /* 400, 413, 431 */
-  CHECK_EQ_INT(st.requests, 222);    /* reset and hang are never answered, */
-  CHECK_EQ_INT(st.responses, 223);   /* the three refusals are */
+  CHECK_EQ_INT(st.requests, 223);    /* reset and hang are never answered, */
+  CHECK_EQ_INT(st.responses, 224);   /* the three refusals are */
   CHECK_EQ_INT(sm.refused, 1);
   CHECK_EQ_INT(sm.idle_closed, 4);
   cr_server_close(srv);
@@ -301,6 +301,21 @@ static void test_head(int port) {
   close(c.fd);
 }
 
+/* Expect: 100-continue gets the interim answer before the body is sent. */
+static void test_continue(int port) {
+  client c;
+  CHECK_EQ_INT(dial(&c, port), 0);
+  SEND(&c, "POST /up HTTP/1.1\r\nExpect: 100-Continue\r\nContent-Length: 5\r\n\r\n");
+  while (c.len < 25 && fill(&c) > 0) {}
+  CHECK(strncmp(c.buf, "HTTP/1.1 100 Continue\r\n\r\n", 25) == 0);
+  memmove(c.buf, c.buf + 25, c.len >= 25 ? c.len - 25 + 1 : 1);
+  c.len = c.len >= 25 ? c.len - 25 : 0;
+  SEND(&c, "hello");
+  CHECK_EQ_INT(read_response(&c, head, body, sizeof body), 200);
+  CHECK_STR(body, "POST /up q=none x= body=hello");
+  close(c.fd);
+}
+
 static void test_limits(int port) {
   client c[5];
   for (int i = 0; i < 4; i++) {
@@ -361,6 +376,7 @@ int main(void) {
   test_faults(port);
   test_half_close_mid_write(port);
   test_head(port);
+  test_continue(port);
   test_limits(port_small);
   uv_async_send(&stop_async);
   pthread_join(th, NULL);
