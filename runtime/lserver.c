@@ -433,7 +433,7 @@ static double opt_number(lua_State *L, const char *k, double d, double lo, doubl
 }
 
 /* captcha.http.serve{host=, port=, handler=, max_body=, max_header=,
- * max_connections=, idle_timeout=} -> server | nil, err */
+ * max_connections=, idle_timeout=, request_timeout=} -> server | nil, err */
 static int lcr_http_serve(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   cr_runtime *rt = cr_rt_get(L);
@@ -450,6 +450,7 @@ static int lcr_http_serve(lua_State *L) {
   o.max_header = (size_t)opt_number(L, "max_header", (double)o.max_header, 256, 1 << 24);
   o.max_connections = (int)opt_number(L, "max_connections", o.max_connections, 1, 1 << 20);
   o.idle_timeout = opt_number(L, "idle_timeout", o.idle_timeout, 0.001, 1e6);
+  o.request_timeout = opt_number(L, "request_timeout", o.idle_timeout, 0.001, 1e6);
 
   /* Closed state first (liolib's rule): a failure below leaves a harmless object. */
   lsrv *ls = lua_newuserdatauv(L, sizeof *ls, 0);

@@ -64,6 +64,7 @@ struct conn {
   int err_status;        /* set by a parser callback that refuses a request */
   size_t header_bytes;
   uint64_t last_active;  /* uv_now, ms */
+  uint64_t msg_started;  /* uv_now when the request being parsed began */
   uv_timer_t *drip;      /* allocated on first slow answer */
 };
 
@@ -85,7 +86,7 @@ typedef struct wreq { uv_write_t w; char *buf; } wreq;
 static http_parser_settings settings;
 
 cr_server_opts cr_server_defaults(void) {
-  cr_server_opts o = {"127.0.0.1", 0, 1024, 64 * 1024, 8 * 1024 * 1024, 10000, 64, 60.0};
+  cr_server_opts o = {"127.0.0.1", 0, 1024, 64 * 1024, 8 * 1024 * 1024, 10000, 64, 60.0, 0};
   return o;
 }
 
@@ -476,6 +477,7 @@ static int on_message_begin(http_parser *p) {
   conn *c = CONN(p);
   c->cur = req_new(c);
   c->header_bytes = 0;
+  c->msg_started = uv_now(c->srv->loop);
   return c->cur ? 0 : refuse(c, 500);
 }
 
@@ -711,13 +713,18 @@ static void on_connection(uv_stream_t *l, int status) {
 }
 
 /* One timer per server instead of one per connection: a connection idles out
- * between idle_timeout and 1.25 * idle_timeout. O(connections) per tick. */
+ * between idle_timeout and 1.25 * idle_timeout, and a request that trickles in
+ * (a byte now and then keeps a connection "active") is cut after
+ * request_timeout. O(connections) per tick. */
 static void sweep_cb(uv_timer_t *t) {
   cr_server *s = t->data;
   uint64_t now = uv_now(s->loop), idle = (uint64_t)(s->o.idle_timeout * 1000);
+  uint64_t slow = (uint64_t)(s->o.request_timeout * 1000);
   for (conn *c = s->conns, *n; c; c = n) {
     n = c->next;
-    if (c->npending == 0 && c->writes == 0 && now - c->last_active >= idle) {
+    int idle_out = c->npending == 0 && c->writes == 0 && now - c->last_active >= idle;
+    int too_slow = c->cur && now - c->msg_started >= slow;
+    if (idle_out || too_slow) {
       s->st.idle_closed++;
       conn_close(c, 0);
     }
@@ -744,6 +751,7 @@ int cr_server_start(uv_loop_t *loop, const cr_server_opts *o, cr_server_request_
   s->loop = loop, s->o = *o, s->cb = cb, s->ud = ud;
   if (s->o.max_pipeline < 1) s->o.max_pipeline = 1;
   if (s->o.idle_timeout <= 0) s->o.idle_timeout = 60;
+  if (s->o.request_timeout <= 0) s->o.request_timeout = s->o.idle_timeout;
   uv_tcp_init(loop, &s->listener);
   s->listener.data = s;
   s->handles = 1;

@@ -46,6 +46,8 @@ typedef struct cr_server_opts {
   int max_connections;     /* more are accepted and closed at once */
   int max_pipeline;        /* unanswered requests per connection before reading pauses */
   double idle_timeout;     /* seconds without traffic and without pending requests */
+  double request_timeout;  /* seconds to receive one whole request, however it
+                              trickles in (slow clients); 0: idle_timeout */
 } cr_server_opts;
 
 cr_server_opts cr_server_defaults(void);

@@ -63,7 +63,7 @@ static void on_stop(uv_async_t *a) {
   CHECK_EQ_INT(st.requests, 223);    /* reset and hang are never answered, */
   CHECK_EQ_INT(st.responses, 224);   /* the three refusals are */
   CHECK_EQ_INT(sm.refused, 1);
-  CHECK_EQ_INT(sm.idle_closed, 4);
+  CHECK_EQ_INT(sm.idle_closed, 5);   /* four idle, one too slow */
   cr_server_close(srv);
   cr_server_close(srv_small);
   if (held_hang) {
@@ -316,6 +316,24 @@ static void test_continue(int port) {
   close(c.fd);
 }
 
+/* A client that trickles a request in (each byte resets the idle timer) is
+ * cut once the request took longer than request_timeout (here 0.2 s). */
+static void test_slow_request(int port) {
+  client c;
+  CHECK_EQ_INT(dial(&c, port), 0);
+  const char *req = "GET /slow HTTP/1.1\r\nX-Test: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+  size_t sent = 0, n = strlen(req);
+  char b;
+  for (; sent < n; sent++) {
+    if (send(c.fd, req + sent, 1, MSG_NOSIGNAL) != 1) break;
+    usleep(40 * 1000); /* the client's pace, not synchronisation */
+    ssize_t r = recv(c.fd, &b, 1, MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) break;
+  }
+  CHECK(sent < n);   /* cut before the trickle ended (about 2.5 s) */
+  close(c.fd);
+}
+
 static void test_limits(int port) {
   client c[5];
   for (int i = 0; i < 4; i++) {
@@ -378,6 +396,7 @@ int main(void) {
   test_head(port);
   test_continue(port);
   test_limits(port_small);
+  test_slow_request(port_small);
   uv_async_send(&stop_async);
   pthread_join(th, NULL);
 
