@@ -31,8 +31,7 @@ void cr_log_configure(int level, int format) {
 
 int cr_log_enabled(int level) { return level >= log_level; }
 
-void cr_log_add_secret(const char *secret) {
-  if (!secret || strlen(secret) < 4) return;
+static void add_secret(const char *secret) {
   for (int i = 0; i < nsecrets; i++)
     if (strcmp(secrets[i], secret) == 0) return;
   if (nsecrets == MAX_SECRETS) { /* oldest goes: keys rotate, the list stays bounded */
@@ -41,6 +40,22 @@ void cr_log_add_secret(const char *secret) {
     nsecrets--;
   }
   secrets[nsecrets++] = strdup(secret);
+}
+
+void cr_log_add_secret(const char *secret) {
+  if (!secret || strlen(secret) < 4) return;
+  add_secret(secret);
+  /* JSON lines escape '"', '\\' and control bytes, so a secret holding one
+   * is printed in another form: that form is a secret too */
+  cJSON *str = cJSON_CreateString(secret);
+  char *esc = str ? cJSON_PrintUnformatted(str) : NULL;
+  cJSON_Delete(str);
+  if (esc) {
+    size_t n = strlen(esc);
+    esc[n - 1] = '\0'; /* drop the quotes */
+    if (strcmp(esc + 1, secret) != 0) add_secret(esc + 1);
+    cJSON_free(esc);
+  }
 }
 
 void cr_redact(char *s) {

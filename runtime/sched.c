@@ -252,7 +252,9 @@ static void finish(cr_task *t, int st, int nres) {
       report_error(t, prefix);
     } else if (t->kind == K_MAIN) {
       cancel_others(rt, t);
-    } else if (!t->joiners) {
+    } else {
+      /* listed even with joiners: a joiner cancelled before it resumes never
+       * observes the error (report_unobserved skips the observed ones) */
       t->next_unobserved = rt->unobserved;
       rt->unobserved = t;
       t->refs++;

@@ -220,6 +220,69 @@ describe("captcha.pipeline", function()
     end)
   end)
 
+  it("writes a failed line when a task's solve raises, and goes on", function()
+    local tasks = {}
+    for i = 1, 5 do tasks[i] = { id = "t" .. i, method = "turnstile" } end
+    local output = tmpfile()
+    captcha.run(function()
+      local p = captcha.pipeline{ input = tasks, output = output, concurrency = 2, quiet = true,
+        solve = function(task)
+          captcha.sleep(0)
+          if task.id == "t2" then error("kaboom") end
+          return { answer = "a" }
+        end }
+      local sum, code = p:run()
+      assert.are.equal(4, sum.solved)
+      assert.are.equal(1, sum.failed)
+      assert.are.equal(0, code)
+    end)
+    local r = by_id(read_lines(output))
+    local n = 0
+    for _ in pairs(r) do n = n + 1 end
+    assert.are.equal(5, n)
+    assert.are.equal("failed", r.t2.status)
+    assert.are.equal("INTERNAL", r.t2.code)
+    assert.matches("kaboom", r.t2.error)
+    os.remove(output)
+  end)
+
+  it("throttles from the bucket's current rate, and restores it", function()
+    captcha.run(function()
+      local bucket = captcha.bucket{ capacity = 5, rate = 100 }
+      local p = captcha.pipeline{ solve = function() return { answer = "x" } end, bucket = bucket,
+                                  input = {}, output = tmpfile(), quiet = true }
+      bucket:set_rate(40) -- the user retunes the bucket after building the pipeline
+      p:throttle(0.5)
+      assert.are.equal(20, bucket.rate)
+      p:throttle(1)
+      assert.are.equal(40, bucket.rate)
+      bucket:close()
+    end)
+  end)
+
+  it("does not fire a finished pipeline's hooks for a later run on the same budget", function()
+    local fired = { first = 0, second = 0 }
+    captcha.run(function()
+      local budget = captcha.budget{ target = 0.5, window = "1h" }
+      local function hooks(name)
+        return { warning = function() fired[name] = fired[name] + 1 end,
+                 critical = function() fired[name] = fired[name] + 1 end,
+                 exhausted = function() fired[name] = fired[name] + 1 end }
+      end
+      local ok_task = { { id = 1, method = "turnstile" } }
+      captcha.pipeline{ budget = budget, input = ok_task, output = tmpfile(), quiet = true,
+        on = hooks("first"), solve = function() return { answer = "x" } end }:run()
+      local bad = {}
+      for i = 1, 6 do bad[i] = { id = i, method = "turnstile" } end
+      captcha.pipeline{ budget = budget, input = bad, output = tmpfile(), quiet = true,
+        on = hooks("second"), solve = function() return nil, "no", "ERROR_X" end }:run()
+      captcha.sleep(0.01) -- hooks run as their own tasks
+      budget:close()
+    end)
+    assert.is_true(fired.second >= 1)
+    assert.are.equal(0, fired.first)
+  end)
+
   it("rejects bad options with the option's name", function()
     assert.has_error(function() captcha.pipeline{ } end, nil)
     local ok, err = pcall(captcha.pipeline, { solve = function() end, concurrency = 0 })

@@ -142,6 +142,20 @@ describe("tasks", function()
     assert.matches("never awaited", err)
   end)
 
+  it("make an un-awaited failure fail the run even if its only waiter was cancelled", function()
+    -- b fails and wakes a; c, resumed in the same pass, cancels a before a
+    -- ever sees b's error: nobody observed it, so the run must fail
+    local b -- kept reachable: only the end of the run may report it
+    local ok, err = pcall(captcha.run, function()
+      b = captcha.spawn(function() captcha.yield() error("lost failure") end)
+      local a = captcha.spawn(function() b:wait() end)
+      captcha.spawn(function() captcha.yield() a:cancel() end)
+    end)
+    assert.is_false(ok)
+    assert.matches("never awaited", err)
+    assert.is_not_nil(b)
+  end)
+
   it("refuse to wait outside a task with a clear message", function()
     local ok, err = pcall(captcha.sleep, 0.01)
     assert.is_false(ok)
@@ -229,6 +243,30 @@ describe("captcha.json", function()
     v, err = json.decode('[1] x')
     assert.is_nil(v)
     assert.are.equal("error at byte 5", err)
+  end)
+
+  it("decodes integers beyond 2^53 exactly (64-bit ids)", function()
+    assert.are.equal(9007199254740993, json.decode("9007199254740993"))
+    assert.are.equal("integer", math.type(json.decode("9007199254740993")))
+    assert.are.equal(1234567890123456789, json.decode('{"id":1234567890123456789}').id)
+    assert.are.equal(math.mininteger, json.decode("-9223372036854775808"))
+    assert.are.equal("[1234567890123456789]", json.encode(json.decode("[1234567890123456789]")))
+    -- beyond 64 bits: a float, as before
+    assert.are.equal("float", math.type(json.decode("9223372036854775808")))
+  end)
+
+  it("encodes holes of a marked array as null instead of dropping it", function()
+    assert.are.equal("[1,null,3]", json.encode(json.array({1, nil, 3})))
+    local a = json.decode("[1,2]")
+    a[4] = 4
+    assert.are.equal("[1,2,null,4]", json.encode(a))
+  end)
+
+  it("always encodes valid UTF-8", function()
+    local s = assert(json.encode({ answer = "ok\xff\xfe", id = "caf\xe9" }))
+    assert.is_not_nil(utf8.len(s), s)
+    assert.are.equal("ok\u{FFFD}\u{FFFD}", json.decode(s).answer)
+    assert.are.equal("h\u{e9}llo \u{1F600}", json.decode(json.encode("h\u{e9}llo \u{1F600}")))
   end)
 
   it("refuses values JSON cannot hold", function()

@@ -271,6 +271,9 @@ function Pipeline:throttle(f)
     error("bad argument #1 to 'throttle' (positive number expected, got " .. tostring(f) .. ")", 2)
   end
   if f == self.factor then return end
+  -- unthrottled, the bucket's rate is the one to restore later (the user may
+  -- have retuned it since the pipeline was built)
+  if self.factor == 1 then self.base_rate = self.bucket.rate end
   self.factor = f
   self.bucket:set_rate(self.base_rate * f)
   captcha.log.warn("pipeline throttled", { factor = f, rate = self.bucket.rate })
@@ -336,21 +339,28 @@ function Pipeline:_fire(event, report, extra)
   if fn then fn(report, self, extra) end
 end
 
+-- Budgets and clients have no off(): a finished run's hooks stay registered
+-- and return at once (self.closed), or a later pipeline on the same budget
+-- would fire them twice and act on this one's closed bucket.
 function Pipeline:_install_hooks()
   local budget = self.budget
   if budget then
     for _, state in ipairs(STATES) do
       budget:on(state, function(report, key)
+        if self.closed then return end
         if type(report) == "table" and report.key == nil then report.key = key end
         self:_fire(state, report)
       end)
     end
     if not self.default_policy and self.hooks.burn then
-      budget:on("burn", function(alert, report) self.hooks.burn(report, self, alert) end)
+      budget:on("burn", function(alert, report)
+        if not self.closed then self.hooks.burn(report, self, alert) end
+      end)
     end
   end
   if self.client and self.client.on then
     self.client:on("halt", function(reason)
+      if self.closed then return end
       self.halted = self.client.halted or reason
       self:stop("provider halted: " .. tostring(self.halted))
       self.stopping.halted = true
@@ -433,7 +443,13 @@ function Pipeline:_process(item)
   m.tasks = m.tasks + 1
   s.inflight = s.inflight + 1
   local wall0, t0 = captcha.time(), captcha.now()
-  local r, source, err, code = self:_solve(task)
+  -- a raise (a user solve function, a client refusing a task's options) is
+  -- this task's failure, not the death of its worker and of its output line
+  local ok, r, source, err, code = pcall(self._solve, self, task)
+  if not ok then
+    captcha.log.error("task failed with an error", { id = tostring(item.id), error = tostring(r) })
+    r, source, err, code = nil, nil, r, "INTERNAL"
+  end
   s.inflight = s.inflight - 1
   local elapsed = captcha.now() - t0
   local rec = { id = item.id, method = task.method, elapsed = math.floor(elapsed * 1000) / 1000,
@@ -668,6 +684,7 @@ function Pipeline:run()
     local fh = io.open(self.summary_json, "w")
     if fh then fh:write(json.encode(sum), "\n") fh:close() end
   end
+  self.closed = true
   if self.own_bucket then self.bucket:close() end
   return sum, sum.exit_code
 end

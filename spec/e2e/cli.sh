@@ -82,6 +82,12 @@ end
 LUA
 "$CAPTCHARUN" "$TMP/readlog.lua" "$TMP/err" > "$TMP/out" 2>&1
 expect_eq "$(cat "$TMP/out")" "$(printf 'info\thello\t1\tstring')" "json log line"
+# a secret that JSON escapes ('"', '\\') is redacted in JSON lines too
+"$CAPTCHARUN" --log-format json -e 'local log = require("captcha").log
+  local key = [[k3y"with\slash-SECRETTAIL]]
+  log.secret(key) log.info("key " .. key, {key = key})' 2> "$TMP/err"
+expect_no_grep "SECRETTAIL" "$TMP/err" "json log redacts escaped secrets"
+expect_grep '"fields":{"key":"\*\*\*"}' "$TMP/err" "json log keeps its fields"
 "$CAPTCHARUN" --log-level error -e 'require("captcha").log.info("quiet")' 2> "$TMP/err"
 expect_no_grep "quiet" "$TMP/err" "log level filters"
 
