@@ -3,6 +3,7 @@
  *
  *   local r = captcha.reader(0)          -- standard input
  *   for line in r:lines() do ... end     -- each line waits only this task
+ *   -- several tasks may read at once: each gets whole lines, in arrival order
  *   r:close()
  *
  * io.read on a pipe whose writer is slow would stop every task of the process;
@@ -27,6 +28,7 @@ typedef struct lreader lreader;
 typedef struct rwait {
   cr_wait w;
   lreader *r;
+  struct rwait *next;
 } rwait;
 
 struct lreader {
@@ -36,7 +38,7 @@ struct lreader {
   char *buf;
   size_t len, cap;
   int eof, err, reading;
-  rwait *waiter;
+  rwait *head, *tail; /* tasks waiting for a line, served in order, one line each */
 };
 
 static void stream_closed(uv_handle_t *h) { free(h); }
@@ -47,7 +49,7 @@ static void reader_close(lreader *r) {
   uv_close((uv_handle_t *)r->s, stream_closed);
   r->s = NULL;
   r->eof = 1;
-  if (r->waiter) cr_wake(&r->waiter->w);
+  if (r->head) cr_wake(&r->head->w); /* each waiter in turn gets nil */
 }
 
 static void res_close(cr_resource *res) {
@@ -55,6 +57,30 @@ static void res_close(cr_resource *res) {
 }
 
 static int has_line(lreader *r) { return r->len && memchr(r->buf, '\n', r->len) != NULL; }
+
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b);
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b);
+
+/* The first waiter gets the next line once there is one (or the end); while
+ * it waits for bytes, the stream reads. */
+static void serve_head(lreader *r) {
+  if (!r->head) return;
+  if (has_line(r) || r->eof || !r->s) { cr_wake(&r->head->w); return; }
+  if (!r->reading) {
+    int rc = uv_read_start(r->s, on_alloc, on_read);
+    if (rc == 0) r->reading = 1;
+    else { r->eof = 1; r->err = rc; cr_wake(&r->head->w); }
+  }
+}
+
+static void unlink_waiter(lreader *r, rwait *x) {
+  rwait **p = &r->head, *prev = NULL;
+  while (*p && *p != x) { prev = *p; p = &(*p)->next; }
+  if (!*p) return;
+  *p = x->next;
+  if (r->tail == x) r->tail = prev;
+  x->next = NULL;
+}
 
 static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
   lreader *r = h->data;
@@ -77,11 +103,10 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   if (n > 0) r->len += (size_t)n;
   else if (n == UV_EOF) r->eof = 1;
   else if (n < 0) { r->eof = 1; r->err = (int)n; }
-  int line = (r->waiter || r->len > READ_AHEAD) && has_line(r);
   /* Stop only with a whole line buffered: a longer line than READ_AHEAD must
    * keep coming, or its waiter would wait for ever. */
-  if (r->eof || (r->len > READ_AHEAD && line)) { uv_read_stop(s); r->reading = 0; }
-  if (r->waiter && (r->eof || line)) cr_wake(&r->waiter->w);
+  if (r->eof || (r->len > READ_AHEAD && has_line(r))) { uv_read_stop(s); r->reading = 0; }
+  if (r->head && (r->eof || has_line(r))) cr_wake(&r->head->w);
 }
 
 /* Push the next line (without its newline), the last unterminated piece at
@@ -106,32 +131,33 @@ static int push_line(lua_State *L, lreader *r) {
 static int rw_deliver(lua_State *co, cr_wait *w) {
   rwait *x = (rwait *)w;
   lreader *r = x->r;
-  r->waiter = NULL;
+  unlink_waiter(r, x);
   free(x);
-  return push_line(co, r);
+  int n = push_line(co, r);
+  serve_head(r);
+  return n;
 }
 
+/* A cancelled waiter leaves the queue; a line meant for it goes to the next. */
 static void rw_cancel(cr_wait *w) {
   rwait *x = (rwait *)w;
-  x->r->waiter = NULL;
+  lreader *r = x->r;
+  unlink_waiter(r, x);
   free(x);
+  serve_head(r);
 }
 
 static int lcr_reader_line(lua_State *L) {
   lreader *r = luaL_checkudata(L, 1, READER_MT);
-  if (has_line(r) || r->eof || !r->s) return push_line(L, r);
-  if (r->waiter) return luaL_error(L, "another task is already reading from this reader");
+  if (!r->head && (has_line(r) || r->eof || !r->s)) return push_line(L, r);
   rwait *x = calloc(1, sizeof *x);
   if (!x) return luaL_error(L, "out of memory");
   if (!cr_can_wait(L)) free(x);
   cr_wait_begin(L, &x->w, rw_deliver, rw_cancel);
   x->r = r;
-  r->waiter = x;
-  if (!r->reading) {
-    int rc = uv_read_start(r->s, on_alloc, on_read);
-    if (rc == 0) r->reading = 1;
-    else { r->eof = 1; r->err = rc; cr_wake(&x->w); }
-  }
+  if (r->tail) r->tail->next = x; else r->head = x;
+  r->tail = x;
+  serve_head(r);
   return cr_yield(L);
 }
 

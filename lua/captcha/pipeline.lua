@@ -258,7 +258,7 @@ function M.new(opts)
   p.stats = { total = 0, solved = 0, failed = 0, invalid = 0, skipped = 0, interrupted = 0,
               resumed = 0, dedup_hits = 0, inflight = 0, by_method = {} }
   p.current = {}   -- worker -> item being solved (drain writes them as interrupted)
-  p.acquiring = {} -- worker -> true while it waits for a token
+  p.parked = {}    -- worker -> true while it waits for a token or for input
   p.worker_of = setmetatable({}, { __mode = "k" }) -- coroutine -> worker
   return p
 end
@@ -302,13 +302,14 @@ function Pipeline:stop(reason)
   self:_release_waiting()
 end
 
--- Workers parked on the bucket have sent nothing yet: stop them now rather
--- than after their tokens trickle in (their items get the stop's status).
+-- Workers parked on the bucket or on input have sent nothing yet: stop them
+-- now rather than after their tokens or lines trickle in (their items, if
+-- any, get the stop's status).
 function Pipeline:_release_waiting()
-  for i in pairs(self.acquiring) do
+  for i in pairs(self.parked) do
     local w = self.workers and self.workers[i]
     if w then pcall(w.cancel, w) end -- pcall: never the running task itself
-    self.acquiring[i] = nil
+    self.parked[i] = nil
   end
 end
 
@@ -397,9 +398,9 @@ end
 function Pipeline:_attempt(task)
   if self.stopping then return nil, self.stopping.reason, "SKIPPED" end
   local i = self.worker_of[coroutine.running()]
-  if i then self.acquiring[i] = true end
+  if i then self.parked[i] = true end
   local ok, berr = self.bucket:acquire{ timeout = self.acquire_timeout }
-  if i then self.acquiring[i] = nil end
+  if i then self.parked[i] = nil end
   if not ok then return nil, "rate limiter: " .. tostring(berr), "BUCKET_" .. tostring(berr):upper():gsub(" ", "_") end
   if self.stopping then return nil, self.stopping.reason, "SKIPPED" end
   local r, err, code
@@ -476,8 +477,11 @@ function Pipeline:_process(item)
 end
 
 function Pipeline:_next()
+  local i = self.stream_input and self.worker_of[coroutine.running()]
   while not self.stopping do
+    if i then self.parked[i] = true end
     local item = self.reader()
+    if i then self.parked[i] = nil end
     if not item then return nil end
     self.stats.total = self.stats.total + 1
     if self.done[tostring(item.id)] then
@@ -506,6 +510,9 @@ function Pipeline:_write_rest()
     self:_write({ id = item.id, method = item.task and item.task.method, status = st.status, error = st.reason })
     self.current[i] = nil
   end
+  -- a pipe may never end (a producer still running): after a signal, what it
+  -- has not sent yet is not ours to account for
+  if self.interrupted and self.stream_input then return end
   while true do
     local item = self.reader()
     if not item then break end
@@ -644,12 +651,13 @@ function Pipeline:run()
   if not out then return nil, "cannot open output: " .. tostring(done) end
   out:setvbuf("line")
   self.reader, self.total, self.out, self.done = reader, total, out, done
+  self.stream_input = infh ~= nil and io.type(infh) == nil -- a captcha.reader
   self.stats.kept = kept
   self:_install_hooks()
   local on_signal = captcha.on_signal(function(sig)
-    if self.stopping or self.finished then return end
-    self.interrupted = sig
-    self.stopping = { status = "interrupted", reason = "interrupted by " .. sig }
+    if self.finished or self.interrupted then return end
+    self.interrupted = sig -- wins over a stop or a halt: the person asked to quit
+    self.stopping = self.stopping or { status = "interrupted", reason = "interrupted by " .. sig }
     if self.paused then self.bucket:resume() end
     self:_release_waiting()
     captcha.log.warn("draining", { signal = sig, in_flight = self.stats.inflight, timeout = self.drain_timeout })

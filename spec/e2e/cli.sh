@@ -167,6 +167,24 @@ LUA
   timeout 20 "$CAPTCHARUN" "$TMP/reader2.lua" "$TMP/fifo" > "$TMP/out" 2> "$TMP/err"
 expect_eq "$?:$(cat "$TMP/out")" "$(printf '0:one\ttrue\tnil\tfile already exists')" "captcha.reader on a busy descriptor"
 
+# several tasks reading one pipe: every line reaches exactly one of them
+cat > "$TMP/readers.lua" <<'LUA'
+local captcha = require "captcha"
+local r = assert(captcha.reader(0))
+local seen, n, tasks = {}, 0, {}
+for i = 1, 4 do
+  tasks[i] = captcha.spawn(function()
+    for line in r:lines() do n = n + 1 seen[line] = (seen[line] or 0) + 1 end
+  end)
+end
+for i = 1, 4 do assert(tasks[i]:wait() == nil) end
+local dup = 0
+for _, c in pairs(seen) do if c > 1 then dup = dup + 1 end end
+print(n, dup)
+LUA
+{ seq 1 1000; sleep 0.2; seq 1001 2000; } | "$CAPTCHARUN" "$TMP/readers.lua" > "$TMP/out" 2> "$TMP/err"
+expect_eq "$(cat "$TMP/out")" "$(printf '2000\t0')" "several readers share one pipe"
+
 # the embedding example: a C program on the public header only
 if [ -x "${CR_BUILD:-.}/embed_example" ]; then
   "${CR_BUILD:-.}/embed_example" > "$TMP/out"; expect_eq $? 0 "embed example status"
