@@ -59,7 +59,7 @@ For authorized QA, staging and monitoring pipelines only.]])
   if not ok then return usage_error(res) end
   for _, k in ipairs({ "slo", "warning", "critical", "rate", "burst", "concurrency", "poll_interval",
                        "timeout", "drain_timeout", "min_events", "mock_latency", "mock_unsolvable",
-                       "retry_cap" }) do
+                       "retry_cap", "mock_seed" }) do
     if res[k] == nil then
       return usage_error("--" .. k:gsub("_", "-") .. " needs a number")
     end

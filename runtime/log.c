@@ -39,7 +39,8 @@ static void add_secret(const char *secret) {
     memmove(secrets, secrets + 1, sizeof secrets[0] * (MAX_SECRETS - 1));
     nsecrets--;
   }
-  secrets[nsecrets++] = strdup(secret);
+  char *copy = strdup(secret);
+  if (copy) secrets[nsecrets++] = copy;
 }
 
 void cr_log_add_secret(const char *secret) {

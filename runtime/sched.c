@@ -675,11 +675,13 @@ static int l_time(lua_State *L) {
   return 1;
 }
 
-/* In-task captcha.run resumes here with [handle, ok, results...]. */
+/* In-task captcha.run resumes here with [handle, true, results...] or
+ * [handle, false, nil, err(, traceback)]: a failure re-raises the error value
+ * itself (a table stays a table); the caller's own traceback follows it. */
 static int run_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status; (void)ctx;
   if (lua_toboolean(L, 2)) return lua_gettop(L) - 2;
-  lua_settop(L, lua_gettop(L) >= 4 ? 4 : 3); /* the traceback if any, else the error */
+  lua_settop(L, 4);
   return lua_error(L);
 }
 
