@@ -13,9 +13,10 @@
  * A marked array encodes its holes as null (up to a sparseness bound).
  *
  * JSON -> Lua: integer literals that fit 64 bits become exact integers (ids
- * beyond 2^53 included); other integral numbers within +-2^53 become integers,
- * the rest floats. Arrays get the json.array metatable so they encode back as
- * arrays.
+ * beyond 2^53 included); literals with a fraction or an exponent become
+ * floats ("1.0" stays 1.0, so a round trip keeps the subtype); longer integer
+ * literals become floats. Arrays get the json.array metatable so they encode
+ * back as arrays.
  */
 #include <errno.h>
 #include <math.h>
@@ -245,6 +246,9 @@ int cr_json_encode(lua_State *L, int idx, luaL_Buffer *out, char *err, size_t er
  * visits the numbers, so each is read again from its own token. */
 typedef struct { const char *p, *end; } num_scan;
 
+/* 1: an integer literal, read exactly into *out; 0: a literal with a fraction
+ * or an exponent ("1.0", "1e3": a float in Lua too); -1: unreadable here (too
+ * long, out of range): the caller falls back to cJSON's double. */
 static int next_integer(num_scan *ns, lua_Integer *out) {
   const char *p = ns->p, *end = ns->end;
   while (p < end && *p != '-' && !(*p >= '0' && *p <= '9')) {
@@ -261,13 +265,15 @@ static int next_integer(num_scan *ns, lua_Integer *out) {
   }
   ns->p = q;
   char buf[32];
-  if (!integral || q == p || (size_t)(q - p) >= sizeof buf) return 0;
+  if (q == p) return -1;
+  if (!integral) return 0;
+  if ((size_t)(q - p) >= sizeof buf) return -1;
   memcpy(buf, p, (size_t)(q - p));
   buf[q - p] = '\0';
   errno = 0;
   char *e;
   long long v = strtoll(buf, &e, 10);
-  if (errno || *e) return 0;
+  if (errno || *e) return -1;
   *out = (lua_Integer)v;
   return 1;
 }
@@ -280,8 +286,9 @@ static void push_item(lua_State *L, const cJSON *it, int depth, num_scan *ns) {
   else if (cJSON_IsTrue(it)) lua_pushboolean(L, 1);
   else if (cJSON_IsNumber(it)) {
     double d = it->valuedouble;
-    if (next_integer(ns, &i)) lua_pushinteger(L, i);
-    else if (d == floor(d) && fabs(d) <= 9007199254740992.0) lua_pushinteger(L, (lua_Integer)d);
+    int kind = next_integer(ns, &i);
+    if (kind == 1) lua_pushinteger(L, i);
+    else if (kind == -1 && d == floor(d) && fabs(d) <= 9007199254740992.0) lua_pushinteger(L, (lua_Integer)d);
     else lua_pushnumber(L, d);
   } else if (cJSON_IsString(it)) lua_pushstring(L, it->valuestring);
   else if (cJSON_IsArray(it)) {
