@@ -62,7 +62,8 @@ struct cr_wait {
 /* The runtime owning this Lua state (any thread of it). Raises if none. */
 cr_runtime *cr_rt_get(lua_State *L);
 uv_loop_t *cr_rt_loop(cr_runtime *rt);
-lua_State *cr_rt_main(cr_runtime *rt); /* main thread; use it for refs, never yield it */
+lua_State *cr_rt_main(cr_runtime *rt); /* the scheduler's scratch thread: for refs and
+                                         pushes outside any task; never run or yield it */
 
 /* Monotonic time in seconds, sub-millisecond (uv_hrtime based). */
 double cr_now(void);

@@ -65,21 +65,30 @@ local function item_from(task, n)
   return { id = id, line = n, task = task }
 end
 
-local function jsonl_reader(readline)
-  local n = 0
+-- The next non-blank line and its line number (first = the number of the
+-- first line read), without a trailing CR; nil at the end.
+local function numbered_lines(readline, first)
+  local n = first - 1
   return function()
     while true do
       local line = readline()
       if not line then return nil end
       n = n + 1
-      if line:find("%S") then
-        local task, err = json.decode(line)
-        if task == nil then
-          return { id = n, line = n, invalid = ("line %d: invalid JSON (%s)"):format(n, err) }
-        end
-        return item_from(task, n)
-      end
+      if line:find("%S") then return (line:gsub("\r$", "")), n end
     end
+  end
+end
+
+local function jsonl_reader(readline)
+  local next_line = numbered_lines(readline, 1)
+  return function()
+    local line, n = next_line()
+    if not line then return nil end
+    local task, err = json.decode(line)
+    if task == nil then
+      return { id = n, line = n, invalid = ("line %d: invalid JSON (%s)"):format(n, err) }
+    end
+    return item_from(task, n)
   end
 end
 
@@ -115,29 +124,22 @@ end
 
 local function csv_reader(readline)
   local header = readline()
-  local names = header and csv_split(header:gsub("\r$", ""))
-  local n = 1
+  local names = header and csv_split((header:gsub("\r$", "")))
+  local next_line = numbered_lines(readline, 2)
   return function()
     if not names then return nil end
-    while true do
-      local line = readline()
-      if not line then return nil end
-      n = n + 1
-      line = line:gsub("\r$", "")
-      if line:find("%S") then
-        local fields, err = csv_split(line)
-        if not fields then return { id = n, line = n, invalid = ("line %d: %s"):format(n, err) } end
-        if #fields ~= #names then
-          return { id = n, line = n,
-            invalid = ("line %d: %d fields, the header has %d"):format(n, #fields, #names) }
-        end
-        local task = {}
-        for k, name in ipairs(names) do
-          if fields[k] ~= "" then task[name] = math.tointeger(tonumber(fields[k])) or fields[k] end
-        end
-        return item_from(task, n)
-      end
+    local line, n = next_line()
+    if not line then return nil end
+    local fields, err = csv_split(line)
+    if not fields then return { id = n, line = n, invalid = ("line %d: %s"):format(n, err) } end
+    if #fields ~= #names then
+      return { id = n, line = n, invalid = ("line %d: %d fields, the header has %d"):format(n, #fields, #names) }
     end
+    local task = {}
+    for k, name in ipairs(names) do
+      if fields[k] ~= "" then task[name] = math.tointeger(tonumber(fields[k])) or fields[k] end
+    end
+    return item_from(task, n)
   end
 end
 
