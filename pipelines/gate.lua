@@ -83,15 +83,12 @@ Exit status: 0 open, 3 closed (a checked budget is at or past --fail-on),
     end
   end
   if res.min_events ~= nil then
-    res.min_events = math.tointeger(tonumber(res.min_events))
-    if not res.min_events or res.min_events < 0 then return usage_error("--min-events: an integer >= 0 expected") end
+    res.min_events = cli.count(res.min_events)
+    if not res.min_events then return usage_error("--min-events: an integer >= 0 expected") end
   end
-  res.targets = {}
-  for _, item in ipairs(res.method_slo or {}) do
-    local m, v = item:match("^([^=]+)=(.+)$")
-    if not m or not fraction(v) then return usage_error("--method-slo: METHOD=TARGET expected, got '" .. item .. "'") end
-    res.targets[m] = fraction(v)
-  end
+  local targets, bad = cli.method_targets(res.method_slo)
+  if not targets then return usage_error("--method-slo: METHOD=TARGET expected, got '" .. bad .. "'") end
+  res.targets = targets
   if res.window then
     res.window_s = duration(res.window)
     if not res.window_s then return usage_error("--window: a duration like 24h, 30m or 90s expected") end

@@ -54,14 +54,11 @@ Exit status: 0 done, 2 usage error.]])
   end
   res.burn = tonumber(res.burn)
   if not res.burn or res.burn < 0 then return usage_error("--burn: a number >= 0 expected") end
-  res.min_events = math.tointeger(tonumber(res.min_events))
-  if not res.min_events or res.min_events < 0 then return usage_error("--min-events: an integer >= 0 expected") end
-  res.targets = {}
-  for _, item in ipairs(res.method_slo or {}) do
-    local m, v = item:match("^([^=]+)=(.+)$")
-    if not m or not fraction(v) then return usage_error("--method-slo: METHOD=TARGET expected, got '" .. item .. "'") end
-    res.targets[m] = fraction(v)
-  end
+  res.min_events = cli.count(res.min_events)
+  if not res.min_events then return usage_error("--min-events: an integer >= 0 expected") end
+  local targets, bad = cli.method_targets(res.method_slo)
+  if not targets then return usage_error("--method-slo: METHOD=TARGET expected, got '" .. bad .. "'") end
+  res.targets = targets
   return res
 end
 

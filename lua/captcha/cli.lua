@@ -22,4 +22,23 @@ function M.fraction(s)
   return nil
 end
 
+--- s as an integer >= 0, or nil.
+function M.count(s)
+  local v = math.tointeger(tonumber(s))
+  if v and v >= 0 then return v end
+  return nil
+end
+
+--- Repeated "METHOD=TARGET" options -> { method = target }, or nil and the
+-- offending item.
+function M.method_targets(items)
+  local t = {}
+  for _, item in ipairs(items or {}) do
+    local m, v = item:match("^([^=]+)=(.+)$")
+    if not m or not M.fraction(v) then return nil, item end
+    t[m] = M.fraction(v)
+  end
+  return t
+end
+
 return M
